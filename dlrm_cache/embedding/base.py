@@ -1,0 +1,117 @@
+"""One interface for every embedding placement.
+
+The model, the trainer and the sharding code only see :class:`EmbeddingBackend`; where the rows live
+(host memory, GPU memory, a cache in front of host memory) is the backend's business.  Embedding
+updates are fused into the backward pass (fbgemm's table-batched kernels), so backend parameters are
+never handed to the dense optimizer: they are kept out of ``Module.parameters()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str  # the feature name, e.g. "C3"
+    num_rows: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class SparseOptim:
+    """The fused optimizer applied to embedding rows (and to the cached rows identically)."""
+
+    name: str = "rowwise_adagrad"  # rowwise_adagrad | adagrad | sgd
+    lr: float = 0.01
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.name not in SPARSE_OPTIMIZERS:
+            raise ValueError(
+                f"optim.sparse.name={self.name!r}: choose one of {sorted(SPARSE_OPTIMIZERS)}"
+            )
+
+    @property
+    def state_per_row(self) -> int:
+        """Optimizer floats stored per row for a table of dimension 1 (0: none, -1: one per element)."""
+        return SPARSE_OPTIMIZERS[self.name]
+
+
+# optimizer -> floats of state per row: 1 (rowwise), -1 (one per element), 0 (none)
+SPARSE_OPTIMIZERS = {"rowwise_adagrad": 1, "adagrad": -1, "sgd": 0}
+
+
+class EmbeddingBackend(nn.Module):
+    """Pooled embedding lookups for a fixed list of tables, one feature per table."""
+
+    def __init__(self, tables: list[TableSpec], optim: SparseOptim) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("an embedding backend needs at least one table")
+        self.tables = list(tables)
+        self.optim = optim
+        self.feature_names = [t.name for t in tables]
+
+    # -- the interface -------------------------------------------------------------------------
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        raise NotImplementedError
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """A future batch: make its rows resident before it is needed (no-op where n/a)."""
+
+    def flush(self) -> None:
+        """Make the full tables (and optimizer state) consistent, whatever is cached."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last call: hit rate, rows/bytes moved, stall time, memory."""
+        return {}
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        """Full tables in row order, on CPU: ``<table>.weight`` and ``<table>.<state>`` entries."""
+        raise NotImplementedError
+
+    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    # -- placement-independent checkpoints -----------------------------------------------------
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401 (torch hook)
+        self.flush()
+        for key, value in self.export_tables().items():
+            destination[prefix + key] = value
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        expected = self.state_keys()
+        mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        missing_keys.extend(prefix + k for k in expected if k not in mine)
+        unexpected_keys.extend(prefix + k for k in mine if k not in expected and "." in k)
+        if all(k in mine for k in expected):
+            for t in self.tables:
+                w = mine[f"{t.name}.weight"]
+                if tuple(w.shape) != (t.num_rows, t.dim):
+                    error_msgs.append(
+                        f"{prefix}{t.name}.weight: checkpoint has shape {tuple(w.shape)}, "
+                        f"this model has ({t.num_rows}, {t.dim})"
+                    )
+                    return
+            self.import_tables({k: mine[k] for k in expected})
+
+    def state_keys(self) -> list[str]:
+        keys = []
+        for t in self.tables:
+            keys.append(f"{t.name}.weight")
+            if self.optim.state_per_row:
+                keys.append(f"{t.name}.momentum1")
+        return keys
+
+
+def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> KeyedTensor:
+    """Wrap a [B, T*dim] tensor of pooled embeddings as a KeyedTensor in feature order."""
+    keys = features.keys()
+    return KeyedTensor(keys=keys, length_per_key=[dim] * len(keys), values=values)

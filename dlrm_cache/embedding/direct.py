@@ -1,0 +1,135 @@
+"""Backends that hand all rows straight to one fbgemm TBE: ``host``, ``hbm`` and ``uvm_cache``.
+
+They differ only in where fbgemm places the rows.  They are the baselines the freq_cache is measured
+against, and ``host`` is what runs on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from .base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from .tbe import CACHE_ALGORITHMS, make_tbe, momentum_view, weights_view
+
+
+class TbeBackend(EmbeddingBackend):
+    location: EmbeddingLocation = EmbeddingLocation.HOST
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        optim: SparseOptim,
+        device: torch.device | str = "cpu",
+        **tbe_kwargs,
+    ) -> None:
+        super().__init__(tables, optim)
+        dims = {t.dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"all tables must share one embedding dim, got {sorted(dims)}")
+        self.dim = dims.pop()
+        self.device = torch.device(device)
+        # Not a registered submodule: its fused parameters must stay out of the dense optimizer,
+        # and checkpoints go through export_tables() so they do not depend on the placement.
+        object.__setattr__(
+            self,
+            "tbe",
+            make_tbe([t.num_rows for t in tables], self.dim, optim, self.device, self.location, **tbe_kwargs),
+        )
+        self._row_offsets = [0]
+        for t in tables:
+            self._row_offsets.append(self._row_offsets[-1] + t.num_rows)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        out = self.tbe(features.values().long(), features.offsets().long())
+        return pooled(features, out, self.dim)
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.tbe.set_learning_rate(lr)
+
+    def flush(self) -> None:
+        if self.location == EmbeddingLocation.MANAGED_CACHING:
+            self.tbe.flush()
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        w = weights_view(self.tbe, self.dim)
+        m = momentum_view(self.tbe, self.optim, self.dim)
+        out = {}
+        for i, t in enumerate(self.tables):
+            lo, hi = self._row_offsets[i], self._row_offsets[i + 1]
+            out[f"{t.name}.weight"] = w[lo:hi].cpu().clone()
+            if m is not None:
+                out[f"{t.name}.momentum1"] = m[lo:hi].cpu().clone()
+        return out
+
+    @torch.no_grad()
+    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
+        if self.location == EmbeddingLocation.MANAGED_CACHING:
+            self.tbe.reset_cache_states()
+        w = weights_view(self.tbe, self.dim)
+        m = momentum_view(self.tbe, self.optim, self.dim)
+        for i, t in enumerate(self.tables):
+            lo, hi = self._row_offsets[i], self._row_offsets[i + 1]
+            w[lo:hi].copy_(state[f"{t.name}.weight"])
+            if m is not None:
+                m[lo:hi].copy_(state[f"{t.name}.momentum1"])
+
+
+class HostBackend(TbeBackend):
+    """All rows in host memory, computed by fbgemm's CPU kernels (the only placement without CUDA)."""
+
+    def __init__(self, tables, optim, device="cpu", **kw):
+        super().__init__(tables, optim, "cpu", **kw)
+
+
+class HbmBackend(TbeBackend):
+    """All rows in GPU memory: the speed the caches are measured against."""
+
+    location = EmbeddingLocation.DEVICE
+
+    def __init__(self, tables, optim, device="cuda", **kw):
+        super().__init__(tables, optim, _require_cuda(device, "hbm"), **kw)
+
+
+class UvmCacheBackend(TbeBackend):
+    """fbgemm's own set-associative cache over host memory (torchrec's FUSED_UVM_CACHING kernel)."""
+
+    location = EmbeddingLocation.MANAGED_CACHING
+
+    def __init__(
+        self,
+        tables,
+        optim,
+        device="cuda",
+        cache_ratio: float = 0.015,
+        algorithm: str = "lru",
+        host_mapped: bool = True,
+        **kw,
+    ):
+        if not 0 < cache_ratio <= 1:
+            raise ValueError(f"embedding.cache_ratio={cache_ratio}: must be in (0, 1]")
+        if algorithm not in CACHE_ALGORITHMS:
+            raise ValueError(f"embedding.algorithm={algorithm!r}: choose one of {sorted(CACHE_ALGORITHMS)}")
+        super().__init__(
+            tables,
+            optim,
+            _require_cuda(device, "uvm_cache"),
+            cache_load_factor=cache_ratio,
+            cache_algorithm=CACHE_ALGORITHMS[algorithm],
+            uvm_host_mapped=host_mapped,
+            **kw,
+        )
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def _require_cuda(device, name: str) -> torch.device:
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(
+            f"embedding={name} needs a CUDA GPU (device={device}, cuda available: "
+            f"{torch.cuda.is_available()}); use embedding=host on machines without one"
+        )
+    return device
