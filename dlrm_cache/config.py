@@ -31,7 +31,6 @@ class DataConfig:
     eval_batch_size: int = 8192
     prefetch_batches: int = 4  # batches decoded ahead by the background reader thread
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
-    shuffle_buffer: int = 0  # reserved: 0 = shuffle within shards only
 
 
 @dataclass

@@ -64,6 +64,10 @@ class EmbeddingBackend(nn.Module):
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """A future batch: make its rows resident before it is needed (no-op where n/a)."""
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The fused optimizer's learning rate (warm-up and schedules change it between steps)."""
+        raise NotImplementedError
+
     def flush(self) -> None:
         """Make the full tables (and optimizer state) consistent, whatever is cached."""
 

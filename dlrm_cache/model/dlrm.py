@@ -1,0 +1,56 @@
+"""DLRM: bottom MLP on dense features, pooled embeddings, pairwise dot interaction, top MLP.
+
+The dense parts are torchrec's own modules; the embeddings come from any EmbeddingBackend, so the
+model does not know (or care) where the embedding rows live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..embedding.base import EmbeddingBackend
+
+
+class DLRM(nn.Module):
+    def __init__(
+        self,
+        embeddings: EmbeddingBackend,
+        num_dense: int,
+        embedding_dim: int,
+        bottom_mlp: list[int],
+        top_mlp: list[int],
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        check_model_shape(embedding_dim, bottom_mlp, top_mlp)
+        num_sparse = len(embeddings.feature_names)
+        self.embeddings = embeddings
+        self.num_sparse = num_sparse
+        # The bottom MLP must end in the embedding dim: its output joins the dot interaction.
+        self.dense_arch = DenseArch(num_dense, list(bottom_mlp) + [embedding_dim], device=device)
+        self.inter_arch = InteractionArch(num_sparse_features=num_sparse)
+        over_in = embedding_dim + (num_sparse + 1) * num_sparse // 2
+        self.over_arch = OverArch(over_in, list(top_mlp) + [1], device=device)
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        embedded_dense = self.dense_arch(dense)
+        pooled = self.embeddings(sparse).values()  # [B, F*D], features in order
+        embedded_sparse = pooled.view(pooled.shape[0], self.num_sparse, -1)
+        return self.over_arch(self.inter_arch(embedded_dense, embedded_sparse)).squeeze(-1)
+
+    def dense_parameters(self) -> Iterator[nn.Parameter]:
+        """Everything the dense optimizer owns (embedding rows are updated inside fbgemm)."""
+        return self.parameters()
+
+
+def check_model_shape(embedding_dim: int, bottom_mlp: list[int], top_mlp: list[int]) -> None:
+    if embedding_dim <= 0:
+        raise ValueError(f"model.embedding_dim={embedding_dim}: must be positive")
+    for key, layers in (("model.bottom_mlp", bottom_mlp), ("model.top_mlp", top_mlp)):
+        if any(int(x) <= 0 for x in layers):
+            raise ValueError(f"{key}={list(layers)}: layer sizes must be positive")

@@ -1,0 +1,288 @@
+"""The training loop: one readable function from a composed config to a trained, evaluated model."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from ..data.format import Manifest
+from ..data.loader import Batch, Prefetcher, ShardStream
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
+from ..model.dlrm import DLRM
+from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
+from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from .metrics import EvalMetrics, JsonlLog, format_table
+
+log = logging.getLogger(__name__)
+
+DENSE_OPTIMIZERS = {"sgd", "adagrad", "adam"}
+
+
+def build_embeddings(
+    cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device
+) -> EmbeddingBackend:
+    tables = [
+        TableSpec(name, rows, cfg.model.embedding_dim)
+        for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
+    ]
+    optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
+    extra: dict[str, Any] = {}
+    if "counts" in inspect.signature(get_class(cfg.embedding._target_)).parameters:
+        from ..data.stats import load_counts
+
+        extra["counts"] = load_counts(data_path)
+    # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
+    factory = instantiate(cfg.embedding, _partial_=True)
+    return factory(tables=tables, optim=optim, device=device, **extra)
+
+
+def build_dense_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:
+    o = cfg.optim.dense
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    if o.name == "adagrad":
+        return torch.optim.Adagrad(params, lr=o.lr, weight_decay=o.weight_decay)
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    raise ValueError(f"optim.dense.name={o.name!r}: choose one of {sorted(DENSE_OPTIMIZERS)}")
+
+
+def lr_scale(step: int, warmup_steps: int) -> float:
+    return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def set_learning_rates(model: DLRM, opt: torch.optim.Optimizer, cfg: DictConfig, step: int) -> None:
+    scale = lr_scale(step, cfg.optim.warmup_steps)
+    for group in opt.param_groups:
+        group["lr"] = cfg.optim.dense.lr * scale
+    model.embeddings.set_learning_rate(cfg.optim.sparse.lr * scale)
+
+
+def lookahead_window(
+    batches: Iterator[Batch], backend: EmbeddingBackend, depth: int, device: torch.device
+) -> Iterator[Batch]:
+    """Yield batches in order while the backend already holds the next ``depth`` ones.
+
+    The input pipeline knows the future, so the cache fetches the rows of batch t+depth while
+    batch t trains, and rows of batches inside the window are never evicted before their use.
+    """
+    window: deque[Batch] = deque()
+    for batch in batches:
+        batch = batch.to(device, non_blocking=True)
+        if depth > 0:
+            backend.prefetch(batch.sparse)
+        window.append(batch)
+        if len(window) > depth:
+            yield window.popleft()
+    while window:
+        yield window.popleft()
+
+
+@torch.no_grad()
+def evaluate(
+    model: DLRM, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4
+) -> dict[str, float]:
+    model.eval()
+    metrics = EvalMetrics(device)
+    batches = Prefetcher(stream.batches(), depth=depth, pin=device.type == "cuda")
+    try:
+        for i, batch in enumerate(batches):
+            if 0 <= max_batches <= i:
+                break
+            batch = batch.to(device, non_blocking=True)
+            metrics.update(model(batch.dense, batch.sparse), batch.labels)
+    finally:
+        batches.close()
+    model.train()
+    return metrics.compute()
+
+
+def find_oracle(manifest: Manifest) -> float | None:
+    """The planted model's AUC, when the data came from `dlrm-cache synth`."""
+    for src in manifest.sources[:1]:
+        p = Path(src).parent / "oracle.json"
+        if p.is_file():
+            try:
+                return float(json.loads(p.read_text())["oracle_auc"])
+            except (KeyError, ValueError):
+                return None
+    return None
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train and evaluate as ``cfg`` says; returns the final summary (also written to the run dir)."""
+    device = resolve_device(cfg.device)
+    info: DistInfo = init_distributed(device)
+    try:
+        return _train(cfg, device, info)
+    finally:
+        shutdown()
+
+
+def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, Any]:
+    run_dir = Path(cfg.run_dir)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    data_path = Path(cfg.data.path)
+    manifest = Manifest.load(data_path)
+    torch.manual_seed(cfg.seed)
+
+    embeddings = build_embeddings(cfg, manifest, data_path, device)
+    model = DLRM(
+        embeddings,
+        num_dense=len(manifest.dense_names),
+        embedding_dim=cfg.model.embedding_dim,
+        bottom_mlp=list(cfg.model.bottom_mlp),
+        top_mlp=list(cfg.model.top_mlp),
+        device=device,
+    )
+    opt = build_dense_optimizer(cfg, model.dense_parameters())
+
+    train_stream = ShardStream(
+        data_path, manifest, "train", cfg.data.batch_size, cfg.data.shuffle, cfg.seed,
+        info.rank, info.world_size, drop_last=True,
+    )
+    val_stream = ShardStream(
+        data_path, manifest, "val", cfg.data.eval_batch_size, False, cfg.seed,
+        info.rank, info.world_size, drop_last=False,
+    )
+    steps_per_epoch = len(train_stream)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"data.batch_size={cfg.data.batch_size}: larger than the training split "
+            f"({manifest.splits['train'].rows} rows of {data_path})"
+        )
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps >= 0:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    step = 0
+    if cfg.resume:
+        ckpt_path = find_checkpoint(cfg.resume)
+        ckpt = load_checkpoint(ckpt_path)
+        if ckpt["data"]["batch_size"] != cfg.data.batch_size:
+            raise ValueError(
+                f"resume={ckpt_path}: written with data.batch_size={ckpt['data']['batch_size']}, "
+                f"now {cfg.data.batch_size}; the data position would not match"
+            )
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        step = int(ckpt["step"])
+        if info.is_main:
+            log.info("resumed from %s at step %d", ckpt_path, step)
+
+    metrics_log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+    lookahead = int(getattr(embeddings, "lookahead", 0))
+    oracle = find_oracle(manifest)
+    if info.is_main:
+        log.info(
+            "run dir %s | %d tables, %s rows | %d steps of %d | embedding=%s",
+            run_dir, len(manifest.table_sizes), f"{sum(manifest.table_sizes):,}",
+            total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
+        )
+    metrics_log.write("start", step=step, total_steps=total_steps, world_size=info.world_size,
+                      config=OmegaConf.to_container(cfg, resolve=True))
+
+    def checkpoint(at: int) -> None:
+        state = model.state_dict()  # flushes cached rows first: full tables in row order
+        if info.is_main:
+            path = save_checkpoint(run_dir, at, {
+                "model": state, "optimizer": opt.state_dict(), "step": at,
+                "data": {"batch_size": cfg.data.batch_size, "epoch": at // steps_per_epoch,
+                         "batch_in_epoch": at % steps_per_epoch, "seed": cfg.seed},
+                "config": OmegaConf.to_container(cfg, resolve=True),
+            })
+            metrics_log.write("checkpoint", step=at, path=str(path))
+
+    def run_eval(at: int) -> dict[str, float]:
+        result = evaluate(model, val_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
+        metrics_log.write("eval", step=at, split="val", **result)
+        return result
+
+    bar = tqdm(total=total_steps, initial=step, disable=not (cfg.progress and info.is_main),
+               unit="step", dynamic_ncols=True)
+    samples, train_time, loss_sum, loss_n = 0, 0.0, 0.0, 0
+    last_eval: dict[str, float] = {}
+    model.train()
+    while step < total_steps:
+        epoch, start = divmod(step, steps_per_epoch)
+        reader = Prefetcher(train_stream.batches(epoch, start), cfg.data.prefetch_batches,
+                            pin=device.type == "cuda")
+        try:
+            t0 = time.perf_counter()
+            for batch in lookahead_window(reader, embeddings, lookahead, device):
+                set_learning_rates(model, opt, cfg, step)
+                logits = model(batch.dense, batch.sparse)
+                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                step += 1
+                samples += batch.size * info.world_size
+                loss_sum += loss.item()
+                loss_n += 1
+                if step % cfg.log_every == 0 or step == total_steps:
+                    elapsed = time.perf_counter() - t0
+                    train_time += elapsed
+                    rate = loss_n * batch.size * info.world_size / max(elapsed, 1e-9)
+                    record = {"loss": loss_sum / loss_n, "samples_per_s": rate, **embeddings.stats()}
+                    metrics_log.write("train", step=step, epoch=epoch, **record)
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{rate:,.0f}")
+                    loss_sum, loss_n, t0 = 0.0, 0, time.perf_counter()
+                bar.update(1)
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
+                    t_eval = time.perf_counter()
+                    last_eval = run_eval(step)
+                    if info.is_main:
+                        bar.write(f"step {step}: val auc {last_eval['auc']:.4f} "
+                                  f"logloss {last_eval['logloss']:.4f}")
+                    t0 += time.perf_counter() - t_eval  # evaluation is not training time
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
+                    t_ck = time.perf_counter()
+                    checkpoint(step)
+                    t0 += time.perf_counter() - t_ck
+                if step >= total_steps:
+                    break
+            if loss_n:  # the tail since the last log line still counts towards throughput
+                train_time += time.perf_counter() - t0
+                loss_sum, loss_n = 0.0, 0
+        finally:
+            reader.close()
+    bar.close()
+
+    checkpoint(step)
+    final = run_eval(step)
+    summary: dict[str, Any] = {
+        "steps": step,
+        "train_samples": samples,
+        "train_seconds": round(train_time, 3),
+        "train_samples_per_s": samples / train_time if train_time > 0 else math.nan,
+        **{f"val_{k}": v for k, v in final.items()},
+    }
+    if oracle is not None:
+        summary["oracle_auc"] = oracle
+    if cfg.test and "test" in manifest.splits:
+        test_stream = ShardStream(data_path, manifest, "test", cfg.data.eval_batch_size, False,
+                                  cfg.seed, info.rank, info.world_size, drop_last=False)
+        test = evaluate(model, test_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
+        metrics_log.write("eval", step=step, split="test", **test)
+        summary.update({f"test_{k}": v for k, v in test.items()})
+    summary.update({f"embedding_{k}": v for k, v in embeddings.stats().items()})
+    metrics_log.write("summary", **summary)
+    if info.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        print(format_table(list(summary.items()), title=f"dlrm-cache train: {run_dir}"))
+    return summary
