@@ -357,20 +357,9 @@ class FreqCacheBackend(EmbeddingBackend):
             if victims is None:
                 s.pin[hit_slots] -= 1
                 return False
-            self.mover.begin()
-            old = s.slot_row[victims]
-            occupied = old >= 0
-            dirty = occupied & s.dirty[victims]
-            self.mover.write_back(victims[dirty], old[dirty])
-            s.release(victims)
-            self.mover.load(victims, miss_rows)
-            s.assign(victims, miss_rows)
+            self._evict_and_load(victims, miss_rows)
             s.pin[victims] += 1
             su[~hit] = victims
-            st = self._stats
-            st["evictions"] += int(occupied.sum())
-            st["rows_written_back"] += int(dirty.sum())
-            st["rows_loaded"] += int(miss_rows.size)
         else:
             self.mover.begin()
         b.pinned = su
@@ -383,6 +372,22 @@ class FreqCacheBackend(EmbeddingBackend):
             b.counted = True
             self._count_hits(b, hit)
         return True
+
+    def _evict_and_load(self, victims: np.ndarray, rows: np.ndarray) -> None:
+        """Write back the dirty ones among ``victims``, then fill them with (non-resident) ``rows``."""
+        s = self.slots
+        self.mover.begin()
+        old = s.slot_row[victims]
+        occupied = old >= 0
+        dirty = occupied & s.dirty[victims]
+        self.mover.write_back(victims[dirty], old[dirty])
+        s.release(victims)
+        self.mover.load(victims, rows)
+        s.assign(victims, rows)
+        st = self._stats
+        st["evictions"] += int(occupied.sum())
+        st["rows_written_back"] += int(dirty.sum())
+        st["rows_loaded"] += int(rows.size)
 
     def _count_hits(self, b: _Batch, hit: np.ndarray) -> None:
         st = self._stats
@@ -430,12 +435,24 @@ class FreqCacheBackend(EmbeddingBackend):
     # ---- a batch larger than the dynamic region: a temporary TBE holding exactly its rows
     def _forward_overflow(self, b: _Batch, features: KeyedJaggedTensor) -> torch.Tensor:
         self._stats["overflow_batches"] += 1
-        self.mover.sync()
         grow = b.values + self.row_offsets[b.table]
         rows, inverse = np.unique(grow, return_inverse=True)
+        resident_access = self.slots.row_slot[grow] >= 0  # for the hit rate, before admissions
+        # Still admit what fits (the best of the misses by policy), so that a cache too small for
+        # its batches keeps serving the hot rows instead of staying empty.  Nothing is pinned now
+        # (the window was released), and nothing else is prepared until this batch retires.
+        su = self.slots.row_slot[b.uniq].astype(np.int64)
+        misses = b.uniq[su < 0]
+        k = min(misses.size, self.slots.num_dynamic)
+        if k:
+            admit = self.policy.admit_first(misses, k)
+            victims = self.policy.choose(k)
+            self._evict_and_load(victims, admit)
+        self.policy.observe(b.uniq, b.counts, self.slots.row_slot[b.uniq].astype(np.int64))
+        self.mover.sync()
         slots = self.slots.row_slot[rows].astype(np.int64)
         res = slots >= 0
-        self._count_hits_overflow(b, rows, res, grow)
+        self._count_hits_overflow(b, rows, resident_access, grow)
         optim = dataclasses.replace(self.optim, lr=self._lr)
         tmp = make_tbe([rows.size], self.dim, optim, self.device, feature_table_map=[0] * len(self.tables))
         tw = weights_view(tmp, self.dim)
@@ -461,14 +478,13 @@ class FreqCacheBackend(EmbeddingBackend):
         self._inflight.append(b)
         return out
 
-    def _count_hits_overflow(self, b: _Batch, rows: np.ndarray, res: np.ndarray, grow: np.ndarray) -> None:
+    def _count_hits_overflow(self, b: _Batch, rows: np.ndarray, resident_access: np.ndarray, grow: np.ndarray) -> None:
         st = self._stats
         T = len(self.tables)
-        resident_access = self.slots.row_slot[grow] >= 0
         st["accesses"] += grow.size
         st["hits"] += int(resident_access.sum())
         st["distinct"] += rows.size
-        st["distinct_hits"] += int(res.sum())
+        st["distinct_hits"] += np.unique(grow[resident_access]).size
         st["table_accesses"] += np.bincount(b.table, minlength=T)
         st["table_hits"] += np.bincount(b.table[resident_access], minlength=T)
 

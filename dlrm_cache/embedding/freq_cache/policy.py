@@ -42,12 +42,23 @@ class EvictionPolicy:
         self.clock = 0
 
     def observe(self, rows: np.ndarray, hits: np.ndarray, slots: np.ndarray) -> None:
-        """A batch requested distinct ``rows`` (``hits`` accesses each), now held in ``slots``."""
+        """A batch requested distinct ``rows`` (``hits`` accesses each), held in ``slots`` (-1: not)."""
         self.clock += 1
         if self.observed is not None:
             self.observed[rows] += hits
         if self.last_use is not None:
-            self.last_use[slots] = self.clock
+            self.last_use[slots[slots >= 0]] = self.clock
+
+    def admit_first(self, rows: np.ndarray, k: int) -> np.ndarray:
+        """The ``k`` of ``rows`` most worth caching (when not all of them fit)."""
+        if k >= rows.size:
+            return rows
+        if self.name == "lru":
+            return rows[:k]  # all equally recent
+        score = self.observed[rows].astype(np.float64) if self.observed is not None else 0.0
+        if self.name == "freq":
+            score = score + self.counts[rows]
+        return rows[np.argpartition(-score, k - 1)[:k]]
 
     def _scores(self, rows: np.ndarray, dyn: slice) -> np.ndarray:
         safe = np.maximum(rows, 0)

@@ -1,0 +1,354 @@
+"""FreqCacheBackend against the uncached HostBackend: same numbers, fewer rows on the "device".
+
+Everything runs on the CPU (the cache is an ordinary tensor, the TBE fbgemm's CPU kernel); the cache
+logic is the same code as on CUDA.  fbgemm's CPU backward is not bit-identical between a TBE of T
+tables and the cache's one pooled table (gradient accumulation order), so comparisons allow a few
+float32 ulps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm_cache.embedding.base import SparseOptim, TableSpec
+from dlrm_cache.embedding.direct import HostBackend
+from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table, predict_hit_rate
+
+DIM = 8
+SIZES = [2000, 5000, 60, 3000]
+MULTI_HOT = {1}  # table index with bags of 0..3 ids
+TOL = dict(rtol=1e-5, atol=2e-6)
+
+
+def make_tables(sizes=SIZES, dim=DIM):
+    return [TableSpec(f"C{i + 1}", n, dim) for i, n in enumerate(sizes)]
+
+
+def zipf_probs(n: int, a: float = 1.1) -> np.ndarray:
+    p = 1.0 / np.arange(1, n + 1) ** a
+    return p / p.sum()
+
+
+def make_counts(tables, a: float = 1.1, total: float = 1e6) -> dict[str, np.ndarray]:
+    return {t.name: np.round(zipf_probs(t.num_rows, a) * total).astype(np.int64) for t in tables}
+
+
+def make_batch(rng, tables, batch_size: int, a: float = 1.1, multi_hot=MULTI_HOT) -> KeyedJaggedTensor:
+    vals, lens = [], []
+    for i, t in enumerate(tables):
+        n = rng.integers(0, 4, batch_size) if i in multi_hot else np.ones(batch_size, dtype=np.int64)
+        vals.append(rng.choice(t.num_rows, size=int(n.sum()), p=zipf_probs(t.num_rows, a)))
+        lens.append(n)
+    return KeyedJaggedTensor.from_lengths_sync(
+        [t.name for t in tables],
+        torch.from_numpy(np.concatenate(vals).astype(np.int64)),
+        torch.from_numpy(np.concatenate(lens).astype(np.int64)),
+    )
+
+
+def random_state(tables, optim: SparseOptim, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for t in tables:
+        out[f"{t.name}.weight"] = torch.randn(t.num_rows, t.dim, generator=g) * 0.1
+        if optim.state_per_row == 1:
+            out[f"{t.name}.momentum1"] = torch.rand(t.num_rows, generator=g)
+        elif optim.state_per_row == -1:
+            out[f"{t.name}.momentum1"] = torch.rand(t.num_rows, t.dim, generator=g)
+    return out
+
+
+def assert_tables_equal(a: dict, b: dict, **tol) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=lambda m: f"{k}: {m}", **(tol or TOL))
+
+
+def pair(tables, optim, seed=0, **cache_kw):
+    host = HostBackend(tables, optim)
+    cache = FreqCacheBackend(tables, optim, device="cpu", **cache_kw)
+    state = random_state(tables, optim, seed)
+    host.import_tables(state)
+    cache.import_tables(state)
+    return host, cache
+
+
+def run_training(host, cache, batches, lookahead: int, seed: int = 0, eval_every: int = 0, rng=None):
+    """The trainer's loop on both backends: prefetch ``lookahead`` ahead, forward, loss, backward."""
+    g = torch.Generator().manual_seed(seed)
+    T = len(host.tables)
+    for i in range(min(lookahead, len(batches))):
+        cache.prefetch(batches[i])
+    for i, b in enumerate(batches):
+        if lookahead and i + lookahead < len(batches):
+            cache.prefetch(batches[i + lookahead])
+        w = torch.randn(b.stride(), T * DIM, generator=g)
+        out_h, out_c = host(b).values(), cache(b).values()
+        torch.testing.assert_close(out_c, out_h, msg=lambda m: f"step {i}: {m}", **TOL)
+        (out_h * w).sum().backward()
+        (out_c * w).sum().backward()
+        if eval_every and i % eval_every == eval_every - 1:
+            # An evaluation batch between steps (another size, no prefetch, no grad).
+            eb = make_batch(rng, host.tables, 96)
+            with torch.no_grad():
+                torch.testing.assert_close(cache(eb).values(), host(eb).values(), **TOL)
+
+
+OPTIMS = ["rowwise_adagrad", "adagrad", "sgd"]
+POLICIES = ["freq", "lfu", "lru"]
+
+
+# ------------------------------------------------------------------------------------- 1. equality
+@pytest.mark.parametrize("lookahead", [0, 3])
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("opt_name", OPTIMS)
+def test_training_matches_host(opt_name, policy, lookahead):
+    tables = make_tables()
+    optim = SparseOptim(opt_name, lr=0.1)
+    counts = make_counts(tables) if policy == "freq" else None
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy=policy, lookahead=lookahead, counts=counts)
+    rng = np.random.default_rng(1)
+    batches = [make_batch(rng, tables, 128) for _ in range(32)]
+    run_training(host, cache, batches, lookahead, eval_every=10, rng=rng)
+    s = cache.stats()
+    assert s["evictions"] > 100 and s["rows_written_back"] > 100, s  # the cache really churned
+    assert s["overflow_batches"] == 0
+    assert 0 < s["hit_rate"] < 1
+    assert s["cache_rows"] == sum(max(1, int(np.ceil(0.05 * t.num_rows))) for t in tables)
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_refresh_counts_and_learning_rate():
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(
+        tables, optim, cache_ratio=0.05, policy="freq", refresh_counts=True, counts=make_counts(tables)
+    )
+    rng = np.random.default_rng(2)
+    batches = [make_batch(rng, tables, 128) for _ in range(12)]
+    for lr, chunk in [(0.02, batches[:6]), (0.2, batches[6:])]:
+        host.set_learning_rate(lr)
+        cache.set_learning_rate(lr)
+        run_training(host, cache, chunk, lookahead=2)
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_flush_mid_training_then_continue():
+    tables = make_tables()
+    optim = SparseOptim("adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy="lru", lookahead=2)
+    rng = np.random.default_rng(3)
+    batches = [make_batch(rng, tables, 128) for _ in range(20)]
+    run_training(host, cache, batches[:10], lookahead=2)
+    assert_tables_equal(cache.export_tables(), host.export_tables())  # flush with rows cached
+    run_training(host, cache, batches[10:], lookahead=2, seed=5)
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_prefetch_host_batch_forward_device_copy_is_matched():
+    """The trainer may prefetch a batch and run forward on a copy of it (e.g. moved to the GPU)."""
+    tables = make_tables()
+    optim = SparseOptim("sgd", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy="lfu")
+    rng = np.random.default_rng(4)
+    b = make_batch(rng, tables, 64)
+    copy = KeyedJaggedTensor.from_lengths_sync(b.keys(), b.values().clone(), b.lengths().clone())
+    cache.prefetch(b)
+    loaded = cache.stats()["rows_loaded"]
+    torch.testing.assert_close(cache(copy).values(), host(copy).values(), **TOL)
+    assert loaded > 0 and cache.stats()["rows_loaded"] == 0  # served from the prefetch
+    assert not cache._queue
+
+
+# ------------------------------------------------------------------------------------- 2. overflow
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_batch_larger_than_cache_is_served_correctly(lookahead):
+    tables = make_tables([400, 800, 300])
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    # 2% of 1500 rows = 31 slots, 15 dynamic: a 128-sample batch needs far more distinct rows.
+    host, cache = pair(tables, optim, cache_ratio=0.02, policy="lru", lookahead=lookahead)
+    rng = np.random.default_rng(5)
+    small = [make_batch(rng, tables, 2, multi_hot=set()) for _ in range(4)]
+    big = [make_batch(rng, tables, 128, a=0.5) for _ in range(3)]
+    batches = small[:2] + big[:2] + small[2:] + big[2:]
+    run_training(host, cache, batches, lookahead)
+    s = cache.stats()
+    assert s["overflow_batches"] == 3, s
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+    with torch.no_grad():  # an overflowing evaluation batch writes nothing back
+        eb = make_batch(rng, tables, 128, a=0.5)
+        torch.testing.assert_close(cache(eb).values(), host(eb).values(), **TOL)
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_window_too_large_is_deferred_not_crashed():
+    tables = make_tables([3000, 3000])
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    # 120 slots, 60 dynamic: one batch (~30-40 cold rows) fits, a window of 4 does not.
+    host, cache = pair(
+        tables, optim, cache_ratio=0.02, policy="freq", lookahead=4, counts=make_counts(tables),
+        static_fraction=0.5,
+    )
+    rng = np.random.default_rng(6)
+    batches = [make_batch(rng, tables, 24, a=0.6, multi_hot=set()) for _ in range(16)]
+    run_training(host, cache, batches, lookahead=4)
+    s = cache.stats()
+    assert s["deferred_batches"] > 0, s
+    assert s["overflow_batches"] == 0, s
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+# ------------------------------------------------------------------------------------- 3. config
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(cache_ratio=0.0), "embedding.cache_ratio"),
+        (dict(cache_ratio=1.5), "embedding.cache_ratio"),
+        (dict(cache_ratio=-0.1), "embedding.cache_ratio"),
+        (dict(policy="fifo"), "embedding.policy"),
+        (dict(policy="freq", counts=None), "embedding.policy"),
+        (dict(static_fraction=1.5), "embedding.static_fraction"),
+        (dict(lookahead=-1), "embedding.lookahead"),
+    ],
+)
+def test_bad_config_is_a_clear_error(kwargs, key):
+    tables = make_tables([100, 200])
+    kw = dict(policy="lru") | kwargs
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        FreqCacheBackend(tables, SparseOptim(), device="cpu", **kw)
+
+
+def test_counts_must_match_tables():
+    tables = make_tables([100, 200])
+    counts = {"C1": np.ones(100), "C2": np.ones(199)}
+    with pytest.raises(ValueError, match="C2.*199.*200"):
+        FreqCacheBackend(tables, SparseOptim(), device="cpu", policy="freq", counts=counts)
+    with pytest.raises(ValueError, match="C2"):
+        FreqCacheBackend(tables, SparseOptim(), device="cpu", policy="freq", counts={"C1": np.ones(100)})
+
+
+def test_cache_larger_than_free_gpu_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1024, 1 << 30))
+    tables = make_tables([100_000, 200_000])
+    with pytest.raises(ValueError, match=r"embedding\.cache_ratio.*GPU memory"):
+        FreqCacheBackend(tables, SparseOptim(), device="cuda", cache_ratio=0.5, policy="lru")
+
+
+# ------------------------------------------------------------------------------------- 4. checkpoints
+def test_checkpoint_round_trip_with_host_backend():
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, counts=make_counts(tables), lookahead=2)
+    rng = np.random.default_rng(7)
+    run_training(host, cache, [make_batch(rng, tables, 128) for _ in range(8)], lookahead=2)
+
+    # cache -> host: the dirty cached rows are in the checkpoint
+    sd = cache.state_dict()
+    assert sorted(sd) == sorted(cache.state_keys())
+    other = HostBackend(tables, optim)
+    other.load_state_dict(sd)
+    assert_tables_equal(other.export_tables(), host.export_tables())
+
+    # host -> cache (rows already resident get the checkpoint's values too), then keep training
+    sd_host = host.state_dict()
+    fresh = FreqCacheBackend(tables, optim, device="cpu", cache_ratio=0.05, counts=make_counts(tables))
+    fresh.load_state_dict(sd_host)
+    assert_tables_equal(fresh.export_tables(), host.export_tables(), rtol=0, atol=0)
+    cache.load_state_dict(random_state(tables, optim, seed=9))  # resident rows replaced as well
+    cache.load_state_dict(sd_host)
+    batches = [make_batch(rng, tables, 128) for _ in range(6)]
+    host2 = HostBackend(tables, optim)
+    host2.load_state_dict(sd_host)
+    run_training(host2, cache, batches, lookahead=0, seed=1)
+    assert_tables_equal(cache.export_tables(), host2.export_tables())
+
+
+# ------------------------------------------------------------------------------------- 5. dirty bits
+def test_eval_only_forwards_write_nothing_back():
+    tables = make_tables()
+    optim = SparseOptim("adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy="lru", lookahead=2)
+    before = host.export_tables()
+    rng = np.random.default_rng(8)
+    batches = [make_batch(rng, tables, 128) for _ in range(15)]
+    with torch.no_grad():
+        for i in range(2):
+            cache.prefetch(batches[i])
+        for i, b in enumerate(batches):
+            if i + 2 < len(batches):
+                cache.prefetch(batches[i + 2])
+            torch.testing.assert_close(cache(b).values(), host(b).values(), **TOL)
+    cache.flush()
+    s = cache.stats()
+    assert s["evictions"] > 100, s
+    assert s["rows_written_back"] == 0 and s["bytes_written_back"] == 0, s
+    assert_tables_equal(cache.export_tables(), before, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------- 6. hit rates
+def measured_hit_rate(policy, ratio, tables, batches, static_fraction=0.5, warmup=20):
+    counts = make_counts(tables) if policy == "freq" else None
+    cache = FreqCacheBackend(
+        tables, SparseOptim("sgd"), device="cpu", cache_ratio=ratio, policy=policy, counts=counts,
+        static_fraction=static_fraction, lookahead=1,
+    )
+    with torch.no_grad():
+        for i, b in enumerate(batches):
+            cache.prefetch(b)
+            cache(b)
+            if i + 1 == warmup:
+                cache.stats()  # cold start excluded
+    return cache.stats()
+
+
+def test_freq_hit_rate_beats_lru_and_matches_plan():
+    tables = make_tables([20000, 10000, 500], dim=4)
+    rng = np.random.default_rng(9)
+    batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(80)]
+    freq = measured_hit_rate("freq", 0.05, tables, batches)
+    lru = measured_hit_rate("lru", 0.05, tables, batches, static_fraction=0.0)
+    small = measured_hit_rate("freq", 0.01, tables, batches)
+    assert freq["hit_rate"] > lru["hit_rate"] + 0.03, (freq["hit_rate"], lru["hit_rate"])
+    assert freq["hit_rate"] > small["hit_rate"] + 0.1, (freq["hit_rate"], small["hit_rate"])
+    assert freq["hit_rate_distinct"] < freq["hit_rate"]  # cold ids are rarer, and miss more
+    # 1% (305 slots) is too small for one batch's rows: served by the overflow path, which still
+    # admits the hottest misses, so the cache keeps a useful hit rate.
+    assert small["overflow_batches"] > 0 and small["hit_rate"] > 0.5, small
+
+    counts = make_counts(tables)
+    measured = [freq, measured_hit_rate("freq", 0.1, tables, batches)]
+    for p, m in zip(plan_table(counts, [0.05, 0.1]), measured):
+        assert p["cache_rows"] == m["cache_rows"]
+        # a static top-k cache is the ceiling; the dynamic part loses a little to the window's cold rows
+        assert p["hit_rate"] - 0.02 < m["hit_rate"] < p["hit_rate"] + 0.01, (p, m["hit_rate"])
+        # pooling the slots over tables is never worse than fixed per-table caches
+        assert p["hit_rate"] >= p["hit_rate_per_table_caches"] - 1e-12
+
+
+def test_overflow_still_admits_rows():
+    tables = make_tables([20000], dim=4)
+    rng = np.random.default_rng(10)
+    batches = [make_batch(rng, tables, 512, multi_hot=set()) for _ in range(30)]
+    s = measured_hit_rate("lru", 0.005, tables, batches, static_fraction=0.0, warmup=10)
+    assert s["overflow_batches"] == 20 and s["hit_rate"] > 0.3, s
+
+
+def test_predict_hit_rate():
+    c = np.array([1, 5, 0, 3, 1])
+    assert predict_hit_rate(c, 1) == pytest.approx(0.5)
+    assert predict_hit_rate(c, 2) == pytest.approx(0.8)
+    assert predict_hit_rate(c, 5) == pytest.approx(1.0)
+    assert predict_hit_rate(c, 50) == pytest.approx(1.0)
+    assert predict_hit_rate(np.zeros(3), 2) == 0.0
+    assert predict_hit_rate(torch.tensor([4.0, 1.0]), 1) == pytest.approx(0.8)
+    plan = plan_table({"a": [6, 2, 1, 1], "b": [10]}, [0.25, 1.0])
+    assert [p["cache_rows"] for p in plan] == [2, 5]
+    assert plan[0]["hit_rate"] == pytest.approx(16 / 20)
+    assert plan[0]["per_table"] == {"a": pytest.approx(0.6), "b": pytest.approx(1.0)}
+    assert plan[1]["hit_rate"] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        plan_table({"a": [1]}, [0.0])
