@@ -8,6 +8,7 @@ never handed to the dense optimizer: they are kept out of ``Module.parameters()`
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +114,24 @@ class EmbeddingBackend(nn.Module):
             if self.optim.state_per_row:
                 keys.append(f"{t.name}.momentum1")
         return keys
+
+
+def initial_state(tables: list[TableSpec], optim: SparseOptim, seed: int) -> dict[str, torch.Tensor]:
+    """Deterministic initial rows per table (uniform in +-1/sqrt(rows), like torchrec), zero state.
+
+    Seeded by table name, not by construction order, so every placement and every sharding of the
+    same tables starts from the same parameters.
+    """
+    out = {}
+    for t in tables:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(t.name.encode()))
+        bound = t.num_rows ** -0.5
+        out[f"{t.name}.weight"] = torch.empty(t.num_rows, t.dim).uniform_(-bound, bound, generator=g)
+        if optim.state_per_row == 1:
+            out[f"{t.name}.momentum1"] = torch.zeros(t.num_rows)
+        elif optim.state_per_row == -1:
+            out[f"{t.name}.momentum1"] = torch.zeros(t.num_rows, t.dim)
+    return out
 
 
 def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> KeyedTensor:

@@ -47,6 +47,21 @@ class DLRM(nn.Module):
         """Everything the dense optimizer owns (embedding rows are updated inside fbgemm)."""
         return self.parameters()
 
+    DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
+
+    def dense_state_dict(self) -> dict[str, torch.Tensor]:
+        """The MLPs only: embedding tables are checkpointed per owner (see train/checkpoint.py)."""
+        return {
+            f"{part}.{k}": v for part in self.DENSE_PARTS for k, v in getattr(self, part).state_dict().items()
+        }
+
+    def load_dense_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for part in self.DENSE_PARTS:
+            prefix = part + "."
+            getattr(self, part).load_state_dict(
+                {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            )
+
 
 def check_model_shape(embedding_dim: int, bottom_mlp: list[int], top_mlp: list[int]) -> None:
     if embedding_dim <= 0:

@@ -15,6 +15,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -48,7 +49,47 @@ def init_distributed(device: torch.device, timeout_s: float = 300.0) -> DistInfo
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return DistInfo(rank=rank, world_size=world, local_rank=local_rank)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank,
+                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# Keys that may legitimately differ between the ranks of one job.
+_PER_RANK_KEYS = {"run_dir", "progress"}
+
+
+def agree_on_config(cfg, info: DistInfo) -> str:
+    """Fail fast (on every rank, with the differing keys) if ranks composed different configs.
+
+    Returns the run directory every rank uses: rank 0's.
+    """
+    from omegaconf import OmegaConf
+
+    if not info.distributed:
+        return str(cfg.run_dir)
+    mine = {k: v for k, v in _flat(OmegaConf.to_container(cfg, resolve=True)).items()
+            if k not in _PER_RANK_KEYS}
+    everyone: list = [None] * info.world_size
+    dist.all_gather_object(everyone, (mine, str(cfg.run_dir)))
+    base = everyone[0][0]
+    for r, (other, _) in enumerate(everyone[1:], start=1):
+        diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
+        if diff:
+            k = diff[0]
+            raise ValueError(
+                f"ranks were launched with different configs: {k}={base.get(k)!r} on rank 0 but "
+                f"{other.get(k)!r} on rank {r}" + (f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else "")
+            )
+    return everyone[0][1]
 
 
 def shutdown() -> None:

@@ -20,10 +20,12 @@ from tqdm import tqdm
 
 from ..data.format import Manifest
 from ..data.loader import Batch, Prefetcher, ShardStream
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
-from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
-from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
+from ..parallel.plan import available_host_bytes, host_bytes_per_row, plan_placement
+from ..parallel.sharded import ShardedEmbeddings
+from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
 from .metrics import EvalMetrics, JsonlLog, format_table
 
 log = logging.getLogger(__name__)
@@ -31,22 +33,49 @@ log = logging.getLogger(__name__)
 DENSE_OPTIMIZERS = {"sgd", "adagrad", "adam"}
 
 
+def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
+    """``make(tables) -> EmbeddingBackend`` for the configured placement (frequency stats included)."""
+    optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
+    wants_counts = "counts" in inspect.signature(get_class(cfg.embedding._target_)).parameters
+    counts = None
+    if wants_counts:
+        from ..data.stats import load_counts
+
+        counts = load_counts(data_path)
+    # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
+    partial = instantiate(cfg.embedding, _partial_=True)
+
+    def make(tables: list[TableSpec]) -> EmbeddingBackend:
+        extra = {"counts": {t.name: counts[t.name] for t in tables}} if wants_counts else {}
+        return partial(tables=tables, optim=optim, device=device, **extra)
+
+    return make, optim, counts
+
+
 def build_embeddings(
-    cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device
+    cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
 ) -> EmbeddingBackend:
     tables = [
         TableSpec(name, rows, cfg.model.embedding_dim)
         for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
     ]
-    optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
-    extra: dict[str, Any] = {}
-    if "counts" in inspect.signature(get_class(cfg.embedding._target_)).parameters:
-        from ..data.stats import load_counts
-
-        extra["counts"] = load_counts(data_path)
-    # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
-    factory = instantiate(cfg.embedding, _partial_=True)
-    return factory(tables=tables, optim=optim, device=device, **extra)
+    make, optim, counts = embedding_factory(cfg, data_path, device)
+    if info.distributed:
+        budget = cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(
+            info.local_world_size)
+        placement = plan_placement(
+            tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"), counts
+        )
+        if info.is_main:
+            log.info("embedding placement (%d ranks):\n%s", info.world_size,
+                     placement.table(info.world_size, host_bytes_per_row(cfg.model.embedding_dim, optim)))
+        embeddings: EmbeddingBackend = ShardedEmbeddings(tables, optim, placement.owner, make, device)
+    else:
+        embeddings = make(tables)
+    mine = [t for t in tables if f"{t.name}.weight" in embeddings.state_keys()]
+    if mine:
+        embeddings.import_tables(initial_state(mine, optim, cfg.seed))
+    return embeddings
 
 
 def build_dense_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:
@@ -93,7 +122,7 @@ def lookahead_window(
 
 @torch.no_grad()
 def evaluate(
-    model: DLRM, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4
+    model: torch.nn.Module, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4
 ) -> dict[str, float]:
     model.eval()
     metrics = EvalMetrics(device)
@@ -125,7 +154,7 @@ def find_oracle(manifest: Manifest) -> float | None:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train and evaluate as ``cfg`` says; returns the final summary (also written to the run dir)."""
     device = resolve_device(cfg.device)
-    info: DistInfo = init_distributed(device)
+    info: DistInfo = init_distributed(device, cfg.dist_timeout_s)
     try:
         return _train(cfg, device, info)
     finally:
@@ -133,14 +162,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, Any]:
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(agree_on_config(cfg, info))
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
     manifest = Manifest.load(data_path)
     torch.manual_seed(cfg.seed)
 
-    embeddings = build_embeddings(cfg, manifest, data_path, device)
+    embeddings = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
         embeddings,
         num_dense=len(manifest.dense_names),
@@ -150,6 +179,12 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
         device=device,
     )
     opt = build_dense_optimizer(cfg, model.dense_parameters())
+    # Dense layers are data-parallel: DDP averages their gradients over ranks every step.
+    net: torch.nn.Module = model
+    if info.distributed:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
     train_stream = ShardStream(
         data_path, manifest, "train", cfg.data.batch_size, cfg.data.shuffle, cfg.seed,
@@ -171,18 +206,19 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
 
     step = 0
     if cfg.resume:
-        ckpt_path = find_checkpoint(cfg.resume)
-        ckpt = load_checkpoint(ckpt_path)
-        if ckpt["data"]["batch_size"] != cfg.data.batch_size:
+        ckpt = Checkpoint(find_checkpoint(cfg.resume))
+        if ckpt.dense["data"]["batch_size"] != cfg.data.batch_size:
             raise ValueError(
-                f"resume={ckpt_path}: written with data.batch_size={ckpt['data']['batch_size']}, "
+                f"resume={ckpt.path}: written with data.batch_size={ckpt.dense['data']['batch_size']}, "
                 f"now {cfg.data.batch_size}; the data position would not match"
             )
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        step = int(ckpt["step"])
+        model.load_dense_state_dict(ckpt.dense["model"])
+        opt.load_state_dict(ckpt.dense["optimizer"])
+        if embeddings.state_keys():
+            embeddings.import_tables(ckpt.tables(embeddings.state_keys()))
+        step = int(ckpt.dense["step"])
         if info.is_main:
-            log.info("resumed from %s at step %d", ckpt_path, step)
+            log.info("resumed from %s at step %d", ckpt.path, step)
 
     metrics_log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main)
     lookahead = int(getattr(embeddings, "lookahead", 0))
@@ -197,18 +233,19 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
                       config=OmegaConf.to_container(cfg, resolve=True))
 
     def checkpoint(at: int) -> None:
-        state = model.state_dict()  # flushes cached rows first: full tables in row order
-        if info.is_main:
-            path = save_checkpoint(run_dir, at, {
-                "model": state, "optimizer": opt.state_dict(), "step": at,
-                "data": {"batch_size": cfg.data.batch_size, "epoch": at // steps_per_epoch,
-                         "batch_in_epoch": at % steps_per_epoch, "seed": cfg.seed},
-                "config": OmegaConf.to_container(cfg, resolve=True),
-            })
-            metrics_log.write("checkpoint", step=at, path=str(path))
+        embeddings.flush()  # cached rows and their optimizer state back into the full tables
+        dense = {
+            "model": model.dense_state_dict(), "optimizer": opt.state_dict(), "step": at,
+            "data": {"batch_size": cfg.data.batch_size, "epoch": at // steps_per_epoch,
+                     "batch_in_epoch": at % steps_per_epoch, "seed": cfg.seed},
+            "world_size": info.world_size,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        }
+        path = save_checkpoint(run_dir, at, dense, embeddings.export_tables(), info.rank)
+        metrics_log.write("checkpoint", step=at, path=str(path))
 
     def run_eval(at: int) -> dict[str, float]:
-        result = evaluate(model, val_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
+        result = evaluate(net, val_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
         metrics_log.write("eval", step=at, split="val", **result)
         return result
 
@@ -225,7 +262,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
             t0 = time.perf_counter()
             for batch in lookahead_window(reader, embeddings, lookahead, device):
                 set_learning_rates(model, opt, cfg, step)
-                logits = model(batch.dense, batch.sparse)
+                logits = net(batch.dense, batch.sparse)
                 loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -277,7 +314,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     if cfg.test and "test" in manifest.splits:
         test_stream = ShardStream(data_path, manifest, "test", cfg.data.eval_batch_size, False,
                                   cfg.seed, info.rank, info.world_size, drop_last=False)
-        test = evaluate(model, test_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
+        test = evaluate(net, test_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
         metrics_log.write("eval", step=step, split="test", **test)
         summary.update({f"test_{k}": v for k, v in test.items()})
     summary.update({f"embedding_{k}": v for k, v in embeddings.stats().items()})

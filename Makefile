@@ -1,0 +1,50 @@
+# dlrm-cache developer entry points. `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# CPU machines: torch 2.13.0 (CPU build) pairs with fbgemm-gpu-cpu 1.8.0 and torchrec 1.8.0.
+# torchrec is installed with --no-deps: it declares the multi-GB CUDA fbgemm-gpu package.
+TORCH_PINS    ?= torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+TORCHREC_PIN  ?= torchrec==1.8.0
+TORCHREC_DEPS ?= tensordict torchmetrics pyre-extensions iopath
+SYNTH_ARGS    ?=
+TRAIN_ARGS    ?=
+NPROC         ?= 2
+
+.PHONY: help install train test data train-dist bench plan clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_PINS) $(TORCHREC_DEPS)
+	$(BIN)/pip install --quiet --no-deps $(TORCHREC_PIN)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv with everything (idempotent)
+
+data: $(STAMP) ## generate the default synthetic Criteo data and preprocess it
+	$(BIN)/dlrm-cache synth $(SYNTH_ARGS)
+	$(BIN)/dlrm-cache preprocess
+
+train: data ## install, make the default data, train + evaluate (the main job)
+	$(BIN)/dlrm-cache train $(TRAIN_ARGS)
+
+train-dist: data ## the same job as `make train` over NPROC processes (torchrun, gloo on CPU)
+	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) --no-python $(BIN)/dlrm-cache train $(TRAIN_ARGS)
+
+plan: data ## predicted cache hit rate per cache ratio for the default data
+	$(BIN)/dlrm-cache plan
+
+bench: $(STAMP) ## embedding-layer benchmark (see README: on the GPU machine for real numbers)
+	$(BIN)/dlrm-cache bench
+
+test: $(STAMP) ## install and run the test suite
+	$(BIN)/python -m pytest -q
+
+clean: ## remove generated data, runs and the virtualenv
+	rm -rf $(VENV) runs outputs multirun data/synth

@@ -1,0 +1,57 @@
+"""(Same as tests/train/conftest.py.) A small processed dataset written straight in the on-disk format (no preprocessing involved),
+with a planted signal so that a trained model must beat chance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dlrm_cache.data.format import (
+    DENSE_NAMES, LABEL, SCHEMA_VERSION, SPARSE_NAMES, Manifest, SplitInfo,
+)
+
+
+def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shard_rows: int = 700,
+                  seed: int = 0) -> Manifest:
+    rng = np.random.default_rng(seed)
+    effects = [rng.normal(0, 1.0, n) for n in table_sizes]
+    w = rng.normal(0, 0.5, len(DENSE_NAMES))
+    splits = {}
+    for split, n in rows.items():
+        shards, counts = [], []
+        for k, lo in enumerate(range(0, n, shard_rows)):
+            m = min(shard_rows, n - lo)
+            dense = rng.exponential(1.0, (m, len(DENSE_NAMES))).astype(np.float32)
+            # power-law ids: rank r drawn with probability ~ 1/(r+1)
+            ids = [np.minimum((rng.pareto(1.2, m)).astype(np.int64), t - 1) for t in table_sizes]
+            z = dense @ w + sum(e[i] for e, i in zip(effects, ids)) * 0.6 - 0.5
+            labels = (rng.random(m) < 1 / (1 + np.exp(-z))).astype(np.float32)
+            cols = {LABEL: labels}
+            cols.update({n_: dense[:, j] for j, n_ in enumerate(DENSE_NAMES)})
+            cols.update({n_: ids[j].astype(np.int32) for j, n_ in enumerate(SPARSE_NAMES[: len(table_sizes)])})
+            rel = f"{split}/part-{k:05d}.parquet"
+            (root / split).mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table(cols), root / rel)
+            shards.append(rel)
+            counts.append(m)
+        splits[split] = SplitInfo(rows=n, shards=shards, shard_rows=counts)
+    stats = root / "stats"
+    stats.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION, table_sizes=list(table_sizes), splits=splits,
+        stats_digest="none", min_count=1, hash_modulus=0, sources=[],
+        sparse_names=SPARSE_NAMES[: len(table_sizes)],
+    )
+    manifest.save(root)
+    return manifest
+
+
+@pytest.fixture
+def small_dataset(tmp_path: Path) -> Path:
+    root = tmp_path / "ds"
+    write_dataset(root, {"train": 6000, "val": 2000, "test": 1000}, [50, 200, 1000, 30, 500])
+    return root

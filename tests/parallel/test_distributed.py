@@ -1,0 +1,123 @@
+"""Two-process CPU (gloo) training: same parameters as one process on the same global batches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from dlrm_cache.train.checkpoint import Checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
+    return [
+        f"data.path={data}", f"run_dir={run_dir}", "device=cpu", "progress=false",
+        "data.batch_size=128", "data.eval_batch_size=500", "model.embedding_dim=8",
+        "model.bottom_mlp=[16]", "model.top_mlp=[16]", "log_every=5", "data.shuffle=true",
+        "optim.sparse.lr=0.1", "optim.dense.name=sgd", "optim.dense.lr=0.1", *extra,
+    ]
+
+
+def _train_entry(overrides: list[str], per_rank: dict[int, list[str]]):
+    """Runs in each launched process: compose the config like the CLI does and train."""
+    from hydra import compose, initialize_config_dir
+
+    from dlrm_cache.config import config_dir, register_configs
+    from dlrm_cache.train.loop import train
+
+    rank = int(os.environ["RANK"])
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides + per_rank.get(rank, []))
+    try:
+        return train(cfg)
+    except ValueError as e:
+        return f"ValueError: {e}"
+
+
+def launch(nproc: int, overrides: list[str], per_rank: dict[int, list[str]] | None = None):
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        start_method="spawn",
+    )
+    return elastic_launch(config, _train_entry)(overrides, per_rank or {})
+
+
+def run_single(overrides: list[str]):
+    """One process, in this interpreter (no launcher start-up cost)."""
+    return {0: _train_entry(overrides, {})} if "RANK" in os.environ else _in_process(overrides)
+
+
+def _in_process(overrides: list[str]):
+    os.environ["RANK"] = "0"
+    try:
+        return {0: _train_entry(overrides, {})}
+    finally:
+        del os.environ["RANK"]
+
+
+def _state(ckpt: Path) -> dict[str, torch.Tensor]:
+    c = Checkpoint(ckpt)
+    out = {f"dense.{k}": v for k, v in c.dense["model"].items()}
+    out.update(c.tables(list(c.meta["tables"])))
+    return out
+
+
+def test_two_ranks_match_one_rank(small_dataset: Path, tmp_path: Path):
+    steps = ["max_steps=20"]
+    one = run_single(_overrides(small_dataset, tmp_path / "one", steps))
+    two = launch(2, _overrides(small_dataset, tmp_path / "two", steps))
+    a, b = _state(tmp_path / "one/checkpoints/step_00000020"), _state(tmp_path / "two/checkpoints/step_00000020")
+    assert a.keys() == b.keys() and any(k.startswith("C") for k in a)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    # the tables really were split over both ranks, and the metrics agree
+    files = set(Checkpoint(tmp_path / "two/checkpoints/step_00000020").meta["tables"].values())
+    assert files == {"tables-rank0.pt", "tables-rank1.pt"}
+    assert two[0]["val_samples"] == 2000 and two[0]["train_samples"] == 20 * 128
+    assert abs(one[0]["val_auc"] - two[0]["val_auc"]) < 1e-4
+
+
+def test_two_rank_checkpoint_resumes_on_one_rank(small_dataset: Path, tmp_path: Path):
+    launch(2, _overrides(small_dataset, tmp_path / "two", ["max_steps=10"]))
+    run_single(_overrides(small_dataset, tmp_path / "one", ["max_steps=20", f"resume={tmp_path / 'two'}"]))
+    straight = run_single(_overrides(small_dataset, tmp_path / "straight", ["max_steps=20"]))
+    a, b = _state(tmp_path / "one/checkpoints/step_00000020"), _state(tmp_path / "straight/checkpoints/step_00000020")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert straight[0]["steps"] == 20
+
+
+def test_mismatched_configs_fail_fast(small_dataset: Path, tmp_path: Path):
+    out = launch(2, _overrides(small_dataset, tmp_path / "r", ["max_steps=2"]), {1: ["optim.sparse.lr=0.2"]})
+    for rank in (0, 1):
+        assert "different configs: optim.sparse.lr=0.1 on rank 0 but 0.2 on rank 1" in out[rank]
+
+
+def test_too_little_host_memory_fails_fast(small_dataset: Path, tmp_path: Path):
+    out = launch(2, _overrides(small_dataset, tmp_path / "r", ["max_steps=2", "host_memory_gb=0.00001"]))
+    for rank in (0, 1):
+        assert "of host memory but a rank has 0.00 GiB (host_memory_gb)" in out[rank], out[rank]
+
+
+def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
+    """The real launcher and console entry: one run directory, one metrics file, rank 0 prints."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "dlrm_cache", "train",
+           *[o for o in _overrides(small_dataset, tmp_path, ["max_steps=6"]) if not o.startswith("run_dir=")]]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = [p.parent for p in (tmp_path / "runs" / "train").rglob("metrics.jsonl")]
+    assert len(runs) == 1, runs
+    assert res.stdout.count("dlrm-cache train:") == 1  # the summary table, from rank 0 only
+    assert (runs[0] / "checkpoints" / "latest").is_file()
