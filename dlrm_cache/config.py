@@ -114,6 +114,41 @@ class TrainConfig:
     dist_timeout_s: float = 300.0  # a collective waiting longer than this fails instead of hanging
 
 
+@dataclass
+class PlanConfig:
+    data_path: str = "data/synth/processed"  # a processed dataset (its stats/ are read)
+    ratios: list[float] = field(default_factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1])
+    embedding_dim: int = 128  # for the memory column
+    per_table: bool = False  # also print each table's hit rate
+    output: Optional[str] = None  # write the predictions as JSON here
+
+
+@dataclass
+class BenchConfig:
+    """`dlrm-cache bench`: embedding layer alone (``kind=embedding``) or a DLRM step (``kind=train``)."""
+
+    kind: str = "embedding"  # embedding | train
+    backends: list[str] = field(default_factory=lambda: ["host", "freq_cache"])
+    cache_ratios: list[float] = field(default_factory=lambda: [0.015])
+    uvm_algorithms: list[str] = field(default_factory=lambda: ["lru", "lfu"])
+    lookahead: int = 2
+    num_tables: int = 26
+    rows_per_table: int = 20_000  # embedding kind: every table has this many rows
+    cardinality_scale: float = 0.01  # train kind: Criteo-Kaggle cardinalities times this
+    embedding_dim: int = 128
+    batch_size: int = 2048
+    zipf_alpha: float = 1.05  # id popularity ~ (rank + 1) ** -alpha
+    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256])
+    top_mlp: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256])
+    warmup: int = 10
+    iters: int = 30
+    distinct_batches: int = 40  # fresh ids every step, cycling through this many generated batches
+    lr: float = 0.01
+    seed: int = 0
+    device: str = "auto"
+    output: Optional[str] = None  # JSON results (also printed as a table)
+
+
 def _run_id() -> str:
     """One id per job: torchrun's run id when set, else a timestamp.
 
@@ -143,6 +178,8 @@ def register_configs() -> None:
         )
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="plan_schema", node=PlanConfig)
+    cs.store(name="bench_schema", node=BenchConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="optim", name="optim_schema", node=OptimConfig)

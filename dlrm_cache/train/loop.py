@@ -110,10 +110,10 @@ def lookahead_window(
     """
     window: deque[Batch] = deque()
     for batch in batches:
-        batch = batch.to(device, non_blocking=True)
         if depth > 0:
+            # the host copy: the cache plans its transfers on the CPU, no device->host sync needed
             backend.prefetch(batch.sparse)
-        window.append(batch)
+        window.append(batch.to(device, non_blocking=True))
         if len(window) > depth:
             yield window.popleft()
     while window:

@@ -1,0 +1,204 @@
+"""`dlrm-cache bench`: the benchmarks the README and the issue notes quote.
+
+* ``kind=embedding``: the embedding layer alone (forward + backward + fused rowwise-Adagrad update),
+  ``num_tables`` x ``rows_per_table`` x ``embedding_dim``, power-law ids, fresh batches every step.
+* ``kind=train``: a whole DLRM training step (MLPs, interaction, loss, dense optimizer) with
+  Criteo-Kaggle-shaped tables.
+
+Every backend runs in the same process on the same batches; results are reported as ms/iter and as
+a ratio against the first baseline present (``hbm``, else ``host``), so figures compare within one
+run.  Timings are wall-clock around a device synchronize, after ``warmup`` untimed iterations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hydra.utils import get_class
+from omegaconf import DictConfig
+
+from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
+from ..data.loader import Batch
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
+from ..model.dlrm import DLRM
+from ..parallel.dist import resolve_device
+from ..train.loop import lookahead_window
+
+TARGETS = {
+    "host": "dlrm_cache.embedding.direct.HostBackend",
+    "hbm": "dlrm_cache.embedding.direct.HbmBackend",
+    "uvm_cache": "dlrm_cache.embedding.direct.UvmCacheBackend",
+    "freq_cache": "dlrm_cache.embedding.freq_cache.FreqCacheBackend",
+}
+
+
+@dataclass
+class Variant:
+    label: str
+    backend: str
+    kwargs: dict[str, Any]
+
+
+def variants(cfg: DictConfig) -> list[Variant]:
+    out = []
+    for name in cfg.backends:
+        if name not in TARGETS:
+            raise ValueError(f"backends: unknown backend {name!r} (choose from {sorted(TARGETS)})")
+        if name == "uvm_cache":
+            for algo in cfg.uvm_algorithms:
+                for r in cfg.cache_ratios:
+                    out.append(Variant(f"uvm_cache {algo} {r:.1%}", name, {"cache_ratio": r, "algorithm": algo}))
+        elif name == "freq_cache":
+            for r in cfg.cache_ratios:
+                out.append(Variant(f"freq_cache {r:.1%}", name, {"cache_ratio": r, "lookahead": cfg.lookahead}))
+        else:
+            out.append(Variant(name, name, {}))
+    return out
+
+
+def zipf_probabilities(rows: int, alpha: float) -> np.ndarray:
+    """P(rank r) ~ (r + 1) ** -alpha: rank 0 is the hottest row, as after preprocessing."""
+    p = (np.arange(rows, dtype=np.float64) + 1.0) ** -alpha
+    return p / p.sum()
+
+
+def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: int) -> list[torch.Tensor]:
+    """``n`` batches of ids, each [T*B] feature-major int64 (one id per sample and table)."""
+    rng = np.random.default_rng(seed)
+    cdfs = {rows: np.cumsum(zipf_probabilities(rows, alpha)) for rows in set(table_rows)}
+    out = []
+    for _ in range(n):
+        ids = [np.minimum(np.searchsorted(cdfs[r], rng.random(batch)), r - 1) for r in table_rows]
+        out.append(torch.from_numpy(np.concatenate(ids).astype(np.int64)))
+    return out
+
+
+def _batch(ids: torch.Tensor, keys: list[str], b: int, dense: torch.Tensor, labels: torch.Tensor) -> Batch:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    n = ids.numel()
+    kjt = KeyedJaggedTensor(keys=keys, values=ids, lengths=torch.ones(n, dtype=torch.int32),
+                            offsets=torch.arange(n + 1, dtype=torch.int32), stride=b)
+    return Batch(dense, kjt, labels)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _build(v: Variant, tables: list[TableSpec], optim: SparseOptim, device, counts) -> EmbeddingBackend:
+    cls = get_class(TARGETS[v.backend])
+    kwargs = dict(v.kwargs)
+    if v.backend == "freq_cache":
+        kwargs["counts"] = counts
+    backend = cls(tables=tables, optim=optim, device=device, **kwargs)
+    backend.import_tables(initial_state(tables, optim, 0))
+    return backend
+
+
+def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dict[str, Any]:
+    optim = SparseOptim("rowwise_adagrad", cfg.lr)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    emb = _build(v, tables, optim, device, counts)
+    keys = [t.name for t in tables]
+    b = cfg.batch_size
+    gen = torch.Generator().manual_seed(cfg.seed)
+    dense = torch.rand(b, 13, generator=gen)
+    labels = (torch.rand(b, generator=gen) < 0.25).float()
+    if cfg.kind == "train":
+        model = DLRM(emb, 13, cfg.embedding_dim, list(cfg.bottom_mlp), list(cfg.top_mlp), device=device)
+        opt = torch.optim.Adagrad(model.parameters(), lr=cfg.lr)
+
+        def step(batch: Batch) -> None:
+            loss = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    else:
+        grad = torch.randn(b, len(tables) * cfg.embedding_dim, generator=gen).to(device)
+
+        def step(batch: Batch) -> None:
+            emb(batch.sparse).values().backward(grad)
+
+    pin = device.type == "cuda"
+    host_batches = [_batch(ids, keys, b, dense, labels) for ids in batches]
+    if pin:
+        host_batches = [hb.pin_memory() for hb in host_batches]
+    total = cfg.warmup + cfg.iters
+    stream = (host_batches[i % len(host_batches)] for i in range(total))
+    depth = int(getattr(emb, "lookahead", 0))
+    t0 = None
+    for i, batch in enumerate(lookahead_window(stream, emb, depth, device)):
+        if i == cfg.warmup:
+            _sync(device)
+            emb.stats()  # reset the counters: report the timed iterations only
+            t0 = time.perf_counter()
+        step(batch)
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    stats = emb.stats()
+    result = {
+        "variant": v.label,
+        "ms_per_iter": 1000 * elapsed / cfg.iters,
+        "samples_per_s": cfg.iters * b / elapsed,
+        "hit_rate": stats.get("hit_rate", math.nan),
+        "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan,
+        "stats": stats,
+    }
+    del emb
+    return result
+
+
+def bench(cfg: DictConfig) -> list[dict[str, Any]]:
+    if cfg.kind not in ("embedding", "train"):
+        raise ValueError(f"kind={cfg.kind!r}: choose embedding or train")
+    device = resolve_device(cfg.device)
+    if cfg.kind == "embedding":
+        sizes = [cfg.rows_per_table] * cfg.num_tables
+    else:
+        sizes = [max(4, math.ceil(c * cfg.cardinality_scale)) for c in KAGGLE_CARDINALITIES]
+    tables = [TableSpec(SPARSE_NAMES[i] if i < len(SPARSE_NAMES) else f"T{i}", n, cfg.embedding_dim)
+              for i, n in enumerate(sizes)]
+    batches = make_batches(sizes, cfg.batch_size, cfg.distinct_batches, cfg.zipf_alpha, cfg.seed)
+    # The frequency statistics a preprocessing pass over this data would have produced.
+    counts = {t.name: np.round(zipf_probabilities(t.num_rows, cfg.zipf_alpha) * 1e9).astype(np.int64)
+              for t in tables}
+    print(f"dlrm-cache bench kind={cfg.kind} device={device} tables={len(tables)} rows={sum(sizes):,} "
+          f"dim={cfg.embedding_dim} batch={cfg.batch_size} zipf_alpha={cfg.zipf_alpha} iters={cfg.iters}")
+    results = []
+    for v in variants(cfg):
+        try:
+            r = run_one(cfg, v, tables, batches, device, counts)
+        except (RuntimeError, ValueError) as e:  # e.g. a CUDA-only backend on a CPU machine
+            r = {"variant": v.label, "error": str(e).splitlines()[0]}
+        results.append(r)
+        print(_row(r), flush=True)
+    base = next((r for name in ("hbm", "host") for r in results if r["variant"] == name and "error" not in r), None)
+    if base:
+        for r in results:
+            if "error" not in r:
+                r["speed_vs_" + base["variant"]] = base["ms_per_iter"] / r["ms_per_iter"]
+        print(f"\nspeed relative to {base['variant']} (same run):")
+        for r in results:
+            if "error" not in r:
+                print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x")
+    if cfg.output:
+        atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+    return results
+
+
+def _row(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"  {r['variant']:<24} skipped: {r['error']}"
+    return (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
+            f"  hit {r['hit_rate']:.4f}  peak GPU {r['peak_gpu_mib']:.0f} MiB")
