@@ -119,6 +119,23 @@ def test_training_matches_host(opt_name, policy, lookahead):
     assert 0 < s["hit_rate"] < 1
     assert s["cache_rows"] == sum(max(1, int(np.ceil(0.05 * t.num_rows))) for t in tables)
     assert_tables_equal(cache.export_tables(), host.export_tables())
+    assert not cache._queue and cache.slots.pin.sum() == 0  # every pin released
+
+
+def test_cancel_prefetch_releases_the_window():
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy="lfu", lookahead=2)
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        cache.prefetch(make_batch(rng, tables, 128))
+    assert cache.slots.pin.sum() > 0
+    cache.cancel_prefetch()
+    assert cache.slots.pin.sum() == 0
+    run_training(host, cache, [make_batch(rng, tables, 128) for _ in range(4)], lookahead=1)
+    cache.step_done()
+    assert cache.slots.pin.sum() == 0
+    assert_tables_equal(cache.export_tables(), host.export_tables())
 
 
 def test_refresh_counts_and_learning_rate():

@@ -342,7 +342,14 @@ class FreqCacheBackend(EmbeddingBackend):
             return False
         if v.device.type == "cpu" and b.lengths is not None:
             return np.array_equal(v.numpy(), b.values) and np.array_equal(kjt.lengths().numpy(), b.lengths)
-        return True
+        # A device copy: compare ids per feature (cached by KeyedJaggedTensor.to, so no sync).
+        return list(kjt.length_per_key()) == list(b.kjt.length_per_key())
+
+    def cancel_prefetch(self) -> None:
+        """Forget prefetched batches that will not be forwarded (e.g. a loop left early)."""
+        for b in self._queue:
+            self._unprepare(b)
+        self._queue.clear()
 
     def _prepare(self, b: _Batch) -> bool:
         """Make ``b``'s rows resident and pin them; False (nothing changed) when they do not fit."""

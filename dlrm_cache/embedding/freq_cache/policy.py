@@ -60,30 +60,35 @@ class EvictionPolicy:
             score = score + self.counts[rows]
         return rows[np.argpartition(-score, k - 1)[:k]]
 
-    def _scores(self, rows: np.ndarray, dyn: slice) -> np.ndarray:
-        safe = np.maximum(rows, 0)
+    def _scores(self, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Eviction scores of occupied ``slots`` holding ``rows`` (lower goes first)."""
         if self.name == "lru":
-            return self.last_use[dyn].astype(np.float64)
+            return self.last_use[slots].astype(np.float64)
         if self.name == "lfu":
-            return self.observed[safe].astype(np.float64)
-        score = self.counts[safe].copy()
+            return self.observed[rows].astype(np.float64)
+        score = self.counts[rows]
         if self.observed is not None:
-            score += self.observed[safe]
+            score = score + self.observed[rows]
         return score
 
     def choose(self, k: int) -> np.ndarray | None:
         """``k`` unpinned dynamic slots to (re)fill, or None when fewer than ``k`` are free."""
         s = self.slots
         dyn = slice(s.num_static, s.num_slots)
-        pinned = s.pin[dyn] > 0
-        free = pinned.size - int(np.count_nonzero(pinned))
+        unpinned = s.pin[dyn] == 0
+        free = int(np.count_nonzero(unpinned))
         if k > free:
             return None
-        rows = s.slot_row[dyn]
         if k == free:
-            return np.flatnonzero(~pinned) + s.num_static
-        score = self._scores(rows, dyn)
-        score[rows < 0] = -1.0  # empty slots first (scores are >= 0)
-        score[pinned] = np.inf
-        pick = np.argpartition(score, k - 1)[:k]
-        return pick + s.num_static
+            return np.flatnonzero(unpinned) + s.num_static
+        rows = s.slot_row[dyn]
+        empty = rows < 0  # never pinned
+        n_empty = int(np.count_nonzero(empty))
+        if n_empty >= k:
+            return np.flatnonzero(empty)[:k] + s.num_static
+        # All empty slots, plus the k - n_empty lowest-scored occupied unpinned slots.
+        cand = np.flatnonzero(unpinned & ~empty)
+        need = k - n_empty
+        score = self._scores(rows[cand], cand + s.num_static)
+        pick = cand[np.argpartition(score, need - 1)[:need]] if need < cand.size else cand
+        return np.concatenate([np.flatnonzero(empty), pick]) + s.num_static
