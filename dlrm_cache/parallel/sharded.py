@@ -33,6 +33,8 @@ class ShardedEmbeddings(EmbeddingBackend):
         super().__init__(tables, optim)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = device
+        # NCCL moves device tensors only; gloo moves host tensors
+        self.comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.owner = owner
         self.dim = tables[0].dim
         # features owned by each rank, in global feature order
@@ -51,16 +53,18 @@ class ShardedEmbeddings(EmbeddingBackend):
     # -- ids to their owners -----------------------------------------------------------------
     def _dist_ids(self, kjt: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor | None, list[int]]:
         b = kjt.stride()
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([b], dtype=torch.int64))
+        cd = self.comm_device
+        sizes = [torch.zeros(1, dtype=torch.int64, device=cd) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([b], dtype=torch.int64, device=cd))
         batch_sizes = [int(s) for s in sizes]  # eval batches may differ by a row between ranks
         per_key = kjt.to_dict()
         lengths_out, values_out = [], []
         for names in self.by_rank:
             lengths_out += [per_key[n].lengths() for n in names]
             values_out += [per_key[n].values() for n in names]
-        lengths_send = torch.cat(lengths_out).long() if lengths_out else torch.zeros(0, dtype=torch.int64)
-        values_send = torch.cat(values_out).long() if values_out else torch.zeros(0, dtype=torch.int64)
+        empty = torch.zeros(0, dtype=torch.int64, device=cd)
+        lengths_send = torch.cat(lengths_out).long().to(cd) if lengths_out else empty
+        values_send = torch.cat(values_out).long().to(cd) if values_out else empty
         n_mine = len(self.mine)
         len_in = [len(names) * b for names in self.by_rank]
         len_out = [n_mine * bs for bs in batch_sizes]
