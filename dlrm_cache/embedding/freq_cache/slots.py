@@ -18,8 +18,8 @@ import numpy as np
 
 class SlotTable:
     def __init__(self, num_rows: int, num_slots: int, num_static: int) -> None:
-        if num_slots >= 2**31 or num_rows >= 2**63:
-            raise ValueError(f"cache of {num_slots} slots does not fit int32 slot ids")
+        if num_slots >= 2**31:
+            raise ValueError(f"embedding.cache_ratio: {num_slots} slots do not fit int32 slot ids")
         self.num_slots = num_slots
         self.num_static = num_static
         self.row_slot = np.full(num_rows, -1, dtype=np.int32)
