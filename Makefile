@@ -19,7 +19,7 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip "setuptools>=68" wheel
 	$(BIN)/pip install --quiet $(TORCH_PINS) $(TORCHREC_DEPS)
 	$(BIN)/pip install --quiet --no-deps $(TORCHREC_PIN)
 	$(BIN)/pip install --quiet -e '.[test]'

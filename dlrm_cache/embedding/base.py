@@ -65,6 +65,9 @@ class EmbeddingBackend(nn.Module):
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """A future batch: make its rows resident before it is needed (no-op where n/a)."""
 
+    def cancel_prefetch(self) -> None:
+        """Forget prefetched batches that will not be forwarded (a loop left early)."""
+
     def set_learning_rate(self, lr: float) -> None:
         """The fused optimizer's learning rate (warm-up and schedules change it between steps)."""
         raise NotImplementedError

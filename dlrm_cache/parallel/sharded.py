@@ -118,6 +118,11 @@ class ShardedEmbeddings(EmbeddingBackend):
         out = out.index_select(1, self._unpermute)
         return pooled(features, out, self.dim)
 
+    def cancel_prefetch(self) -> None:
+        self._pending.clear()
+        if self.local is not None:
+            self.local.cancel_prefetch()
+
     def set_learning_rate(self, lr: float) -> None:
         if self.local is not None:
             self.local.set_learning_rate(lr)

@@ -298,6 +298,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
                 loss_sum, loss_n = 0.0, 0
         finally:
             reader.close()
+            embeddings.cancel_prefetch()  # batches fetched ahead past max_steps are never trained
     bar.close()
 
     checkpoint(step)

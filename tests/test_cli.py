@@ -1,0 +1,89 @@
+"""The command line as a user meets it: dispatcher, config composition and its failures, packaging."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from dlrm_cache.config import config_dir, register_configs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "dlrm_cache", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def compose_train(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def test_help_and_unknown_command(tmp_path):
+    res = cli("--help", cwd=tmp_path)
+    assert res.returncode == 0 and "preprocess" in res.stdout and "freq_cache" in res.stdout
+    res = cli("trian", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown command 'trian'" in res.stderr
+
+
+def test_cfg_job_from_any_directory(tmp_path):
+    res = cli("train", "embedding=freq_cache", "model.embedding_dim=64", "optim.sparse.lr=0.5",
+              "--cfg", "job", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "FreqCacheBackend" in res.stdout and "embedding_dim: 64" in res.stdout
+    assert "lr: 0.5" in res.stdout
+
+
+@pytest.mark.parametrize("override, error", [
+    (["embedding=freq_cache", "embedding.polcy=lru"], "polcy"),
+    (["model.embedding_dim=abc"], "embedding_dim"),
+    (["data.batch_size=1.5"], "batch_size"),
+    (["embedding=nope"], "nope"),
+    (["optim.sparse.momentum=0.9"], "momentum"),
+])
+def test_bad_overrides_fail_at_composition(override, error):
+    with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+        compose_train(override)
+    assert error in str(e.value) + str(e.value.__cause__)
+
+
+def test_cli_bad_override_is_one_clear_error(tmp_path):
+    res = cli("train", "embedding=freq_cache", "embedding.cache_ratio=lots", cwd=tmp_path)
+    assert res.returncode != 0
+    assert "cache_ratio" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_every_backend_config_composes():
+    for name, target in [("host", "HostBackend"), ("hbm", "HbmBackend"),
+                         ("uvm_cache", "UvmCacheBackend"), ("freq_cache", "FreqCacheBackend")]:
+        cfg = compose_train([f"embedding={name}"])
+        assert cfg.embedding._target_.endswith(target)
+
+
+def test_wheel_ships_configs(tmp_path):
+    """A non-editable install finds its configs: build the wheel, run the CLI from its contents."""
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                          "-q", "-w", str(tmp_path / "whl"), str(REPO)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    wheel = next((tmp_path / "whl").glob("*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "dlrm_cache/configs/train.yaml" in names and "dlrm_cache/configs/embedding/freq_cache.yaml" in names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    res = subprocess.run([sys.executable, "-m", "dlrm_cache", "train", "--cfg", "job"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "HostBackend" in res.stdout
