@@ -248,7 +248,7 @@ def _label_column(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 def _field_text(table: pa.Table, name: str, row: int) -> str:
     v = table.column(name)[row].as_py()
-    return repr(v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
+    return repr(v.decode("utf-8", "replace") if isinstance(v, bytes) else "")
 
 
 def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) -> Parsed:
@@ -270,7 +270,8 @@ def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) 
     bad_lines: list[np.ndarray] = []
     reasons: list[str] = []
     details: list[str] = []
-    if skipped or n != num_lines or not typed:
+    # An empty line is an all-null row: only a null label makes the layout worth computing.
+    if skipped or n != num_lines or not typed or table.column(LABEL).null_count:
         fields, empty = _line_layout(data)
         kept = (fields == NUM_FIELDS) | empty
         row_line = np.flatnonzero(kept)

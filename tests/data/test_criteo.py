@@ -1,0 +1,96 @@
+"""criteo: block reading, hex parsing and the malformed-line policy."""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dlrm_cache.data import criteo
+from dlrm_cache.data.format import MISSING_ID
+
+from refdata import EDGE_LINES, GOOD
+
+
+def test_parse_hex_vectorized() -> None:
+    values = [b"0000000a", b"ffffffff", b"FFFFFFFE", b"1", b"abc", None, b"zz", b"123456789", b"0g000000", b"00000000", b"g"]
+    ids, bad = criteo.parse_hex(pa.array(values, pa.binary()))
+    assert bad.tolist() == [False] * 6 + [True, True, True, False, True]
+    assert ids[:6].tolist() == [10, 0xFFFFFFFF, 0xFFFFFFFE, 1, 0xABC, MISSING_ID]
+    assert ids[9] == 0
+    # All 8-digit values (the fast path), a sliced array, and an all-empty column.
+    ids, bad = criteo.parse_hex(pa.array([b"deadbeef", None, b"0000000g", b"DEADBEEF"], pa.binary()).slice(1))
+    assert ids[0] == MISSING_ID and bad.tolist() == [False, True, False] and ids[2] == 0xDEADBEEF
+    ids, bad = criteo.parse_hex(pa.array([None, None], pa.binary()))
+    assert ids.tolist() == [MISSING_ID, MISSING_ID] and not bad.any()
+
+
+def test_parse_block_policy() -> None:
+    text = "\n".join(t for t, _ in EDGE_LINES)
+    p = criteo.parse_block(text.encode(), first_line=100)
+    expected_bad = [(100 + k, r) for k, (_, r) in enumerate(EDGE_LINES) if r]
+    assert list(zip(p.bad_lines.tolist(), p.bad_reasons)) == expected_bad
+    assert p.lines.tolist() == [100, 100 + len(EDGE_LINES) - 1]
+    assert p.label.tolist() == [1.0, 0.0]
+    # GOOD: I1=5, I2=-3 (clipped), I3 empty, I4=0, I5=99999999999.
+    np.testing.assert_allclose(p.dense[:5, 0], [math.log1p(5), 0, 0, 0, math.log1p(99999999999)], rtol=1e-6)
+    assert p.dense.dtype == np.float32 and np.isfinite(p.dense).all()
+    assert p.ids[:6, 0].tolist() == [0xA, MISSING_ID, 0xABCDEF12, 0xF, 1, 0]
+    assert p.ids.dtype == np.int64 and p.ids.shape == (26, 2)
+
+
+@pytest.mark.parametrize(
+    "line,reason",
+    [
+        ("", "wrong field count"),  # only an empty line is wrong: no other line forces the slow path
+        ("2" + GOOD[1:], "label not 0/1"),
+        (GOOD.replace("\t5\t", "\tabc\t", 1), "non-integer in an integer field"),
+        (GOOD.replace("0000000a", "xyz", 1), "categorical not 1-8 hex digits"),
+    ],
+)
+def test_single_bad_line_among_good(line: str, reason: str) -> None:
+    text = "\n".join([GOOD, line, GOOD]) + "\n"
+    p = criteo.parse_block(text.encode())
+    assert p.bad_lines.tolist() == [1] and p.bad_reasons == [reason]
+    assert p.lines.tolist() == [0, 2]
+
+
+def test_crlf_and_missing_final_newline() -> None:
+    text = (GOOD + "\r\n" + GOOD + "\r\n" + GOOD).encode()
+    p = criteo.parse_block(text)
+    assert p.lines.tolist() == [0, 1, 2] and len(p.bad_lines) == 0
+    # A CR inside a line is not a line end: that line is malformed.
+    p = criteo.parse_block((GOOD.replace("\t5\t", "\t5\r\t", 1) + "\n" + GOOD + "\n").encode())
+    assert p.bad_lines.tolist() == [0] and p.lines.tolist() == [1]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_blocks_number_lines_across_chunks(tmp_path: Path, gz: bool) -> None:
+    lines = [GOOD.replace("0000000a", f"{k:08x}", 1) for k in range(300)]
+    lines[137] = ""  # an empty line in the middle
+    data = ("\r\n".join(lines)).encode()  # CRLF, no final newline
+    path = tmp_path / ("x.gz" if gz else "x")  # gzip is detected by content, not name
+    path.write_bytes(gzip.compress(data) if gz else data)
+    assert criteo.count_lines(path) == 300
+    seen, bad = [], []
+    for block, parsed in criteo.read_file(path, chunk_bytes=1000):
+        assert block.data.endswith(b"\n") or block.first_line + block.num_lines == 300
+        seen += parsed.lines.tolist()
+        bad += parsed.bad_lines.tolist()
+        assert (parsed.ids[0] == parsed.lines).all()  # line k has C1 = k
+    assert seen == [k for k in range(300) if k != 137] and bad == [137]
+    # Stopping early and resuming from a block end.
+    blocks = list(criteo.iter_blocks(path, 1000, stop_line=50))
+    assert blocks[-1].first_line < 50 <= blocks[-1].first_line + blocks[-1].num_lines
+    rest = list(criteo.iter_blocks(path, 1000, start=blocks[-1].end, start_line=blocks[-1].first_line + blocks[-1].num_lines))
+    assert sum(b.num_lines for b in blocks + rest) == 300
+
+
+def test_count_lines_edge_cases(tmp_path: Path) -> None:
+    for data, n in [(b"", 0), (b"a", 1), (b"a\n", 1), (b"\n\n", 2), (b"a\nb", 2)]:
+        (tmp_path / "f").write_bytes(data)
+        assert criteo.count_lines(tmp_path / "f") == n
