@@ -232,7 +232,8 @@ def _dense_columns(table: pa.Table, typed: bool) -> tuple[np.ndarray, np.ndarray
         if not typed:  # validate the raw bytes, null the bad ones, then convert
             ok = pc.fill_null(pc.match_substring_regex(col, _INT_RE), True).to_numpy(zero_copy_only=False)
             bad |= ~ok
-            col = pc.cast(pc.cast(pc.if_else(pa.array(ok), col, pa.scalar(None, pa.binary())), pa.string()), pa.int64())
+            col = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.binary()))
+            col = pc.cast(pc.cast(col, pa.string()), pa.int64())
         x = pc.fill_null(col, 0).to_numpy(zero_copy_only=False)
         dense[i] = np.log1p(np.maximum(x, 0).astype(np.float64))  # float64: exact up to 2**53
     return dense, bad

@@ -138,7 +138,8 @@ class SplitPlan:
     def spec(self) -> dict[str, Any]:
         if self.kind == "fraction":
             a, b, n = self.bounds
-            return {"kind": "fraction", "total_lines": n, "lines": {"train": [0, a], "val": [a, b], "test": [b, n]}}
+            lines = {"train": [0, a], "val": [a, b], "test": [b, n]}  # half-open, 0-based
+            return {"kind": "fraction", "total_lines": n, "lines": lines}
         out: dict[str, Any] = {"kind": "day", **{s: [] for s in SPLITS}, "halved": {}}
         for i, (p, s) in enumerate(zip(self.files, self.file_splits)):
             if s == "halve":
@@ -334,6 +335,10 @@ def _read(
 
 
 # ------------------------------------------------------------------------------------ pass 1
+def _bar(total_bytes: int, desc: str, progress: bool) -> tqdm:
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress)
+
+
 def _hash(ids: np.ndarray, modulus: int) -> np.ndarray:
     """id mod m; the empty value keeps MISSING_ID."""
     if modulus <= 0:
@@ -341,12 +346,15 @@ def _hash(ids: np.ndarray, modulus: int) -> np.ndarray:
     return np.where(ids == MISSING_ID, MISSING_ID, ids % modulus)
 
 
-def count_ids(plan: SplitPlan, cfg: Any, bad: BadLineLog, cache: ParseCache) -> tuple[dict[str, FeatureStats], int]:
+def count_ids(
+    plan: SplitPlan, cfg: Any, bad: BadLineLog, cache: ParseCache
+) -> tuple[dict[str, FeatureStats], int]:
     """Pass 1: per-feature stats over the training lines; returns them and the train line count."""
     counters = [IdCounter() for _ in SPARSE_NAMES]
     total_bytes = sum(p.stat().st_size for p in plan.files)
     n_train = 0
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="pass 1/2 (count ids)", disable=not cfg.progress) as bar:
+    bar = _bar(total_bytes, "pass 1/2 (count ids)", cfg.progress)
+    with bar:
         for i, offset, _n, parsed in _prefetch(_read(plan, int(cfg.chunk_bytes), True, bar, cache)):
             if bad.policy == "fail":  # skip: bad lines are counted in pass 2, which sees all
                 bad.add(plan.files[i], parsed, plan.codes(i, offset, parsed.bad_lines) == 0)
@@ -467,7 +475,7 @@ def write_shards(
     writers = [ShardWriter(root, s, int(cfg.rows_per_shard), io) for s in SPLITS]
     total_bytes = sum(p.stat().st_size for p in plan.files)
     lines_read = 0
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="pass 2/2 (write shards)", disable=not cfg.progress)
+    bar = _bar(total_bytes, "pass 2/2 (write shards)", cfg.progress)
     try:
         for i, offset, num_lines, parsed in _prefetch(_read(plan, int(cfg.chunk_bytes), False, bar, cache)):
             bad.add(plan.files[i], parsed)
@@ -529,7 +537,10 @@ def _check_replaceable(out: Path) -> None:
         raise PreprocessError(f"output {out} exists and is not a directory")
     foreign = [p.name for p in out.iterdir() if p.name not in _OWN_ENTRIES and not p.name.startswith(".")]
     if foreign:
-        raise PreprocessError(f"output {out} holds files that are not a processed dataset ({', '.join(sorted(foreign)[:3])}); choose another output")
+        raise PreprocessError(
+            f"output {out} holds files that are not a processed dataset ({', '.join(sorted(foreign)[:3])}); "
+            "choose another output"
+        )
 
 
 def _sha256(path: Path) -> str:
@@ -544,6 +555,8 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
     bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
     cache = ParseCache(int(cfg.cache_mb) << 20)
     stats, n_train = count_ids(plan, cfg, bad, cache)
+    if n_train == 0:
+        raise PreprocessError(f"no valid training lines in {', '.join(map(str, plan.files))} (split={cfg.split})")
     summary = summarize(stats)
     summary.update(min_count=int(cfg.min_count), hash_modulus=int(cfg.hash_modulus), train_lines=n_train)
     (root / "stats").mkdir(parents=True)
@@ -553,7 +566,9 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
 
     splits, lines_read = write_shards(plan, cfg, stats, root, bad, cache)
     if plan.kind == "fraction" and lines_read != plan.bounds[2]:
-        raise PreprocessError(f"total_lines={plan.bounds[2]} but the inputs have {lines_read} lines; fix or drop total_lines")
+        raise PreprocessError(
+            f"total_lines={plan.bounds[2]} but the inputs have {lines_read} lines; fix or drop total_lines"
+        )
     for msg in bad.reports:
         print(f"preprocess: skipped {msg}")
     if bad.counts:
@@ -577,7 +592,8 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
 def _validate(cfg: Any) -> None:
     if cfg.bad_lines not in ("skip", "fail"):
         raise PreprocessError(f"bad_lines={cfg.bad_lines!r}: use skip or fail")
-    if int(cfg.min_count) < 1 or int(cfg.rows_per_shard) < 1 or int(cfg.hash_modulus) < 0 or int(cfg.chunk_bytes) < 1:
+    ints = (int(cfg.min_count), int(cfg.rows_per_shard), int(cfg.hash_modulus) + 1, int(cfg.chunk_bytes))
+    if min(ints) < 1:
         raise PreprocessError("need min_count >= 1, rows_per_shard >= 1, hash_modulus >= 0, chunk_bytes >= 1")
 
 

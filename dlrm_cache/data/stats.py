@@ -26,10 +26,12 @@ COVERAGE_PCTS = (0.1, 1.0, 1.5, 5.0, 10.0)  # "top k% of rows" reported in the s
 
 def _sum_by_id(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge (id, count) pairs with repeated ids: sorted unique ids and their summed counts."""
+    if len(ids) == 0:
+        return ids, counts
     order = np.argsort(ids, kind="stable")  # timsort: fast on concatenated sorted runs
     ids, counts = ids[order], counts[order]
     starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
-    return ids[starts], np.add.reduceat(counts, starts) if len(ids) else counts
+    return ids[starts], np.add.reduceat(counts, starts)
 
 
 class IdCounter:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, BinaryIO, Callable, Iterator
 
 import numpy as np
@@ -251,9 +252,22 @@ def _file_name(i: int, gz: bool) -> str:
     return f"day_{i}" + (".gz" if gz else "")
 
 
-def _open_out(raw: BinaryIO, gz: bool) -> BinaryIO:
-    # mtime=0 and no file name in the header: gzip output is byte-identical across runs.
-    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) if gz else raw  # type: ignore[return-value]
+@contextmanager
+def _atomic_output(path: Path, gz: bool) -> Iterator[BinaryIO]:
+    """Write under a temporary name in the same directory, rename into place on success."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if gz:  # mtime=0 and no file name in the header: byte-identical across runs
+                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as f:
+                    yield f  # type: ignore[misc]
+            else:
+                yield raw
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _up_to_date(out: Path, settings: dict[str, Any]) -> bool:
@@ -329,38 +343,35 @@ def synth(cfg: SynthConfig | Any) -> Path:
         print(f"synth: up to date, reusing {out}")
         return out
 
-    t0 = time.perf_counter()
     sizes = table_sizes(cfg)
     model = _build_model(cfg, sizes)
+    t0 = time.perf_counter()
     gz = bool(cfg.gzip)
     out.mkdir(parents=True, exist_ok=True)
     names = [_file_name(i, gz) for i in range(int(cfg.files))]
     (out / ORACLE).unlink(missing_ok=True)  # the record is rewritten last: no stale claim meanwhile
     _remove_stale(out, set(names))
 
-    scores, labels, files = [], [], []
-    bad_total = 0
+    scores: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    files, bad_total = [], 0
     bar = tqdm(total=int(cfg.lines), unit="line", unit_scale=True, desc="synth", disable=not cfg.progress)
     # Two worker threads (numpy and pyarrow release the GIL): about 2x on 2 cores.
     with ThreadPoolExecutor(max_workers=2) as pool:
         for i, (name, n_lines) in enumerate(zip(names, _file_lines(int(cfg.lines), int(cfg.files)))):
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as raw, _open_out(raw, gz) as f:
-                    jobs = [(int(cfg.seed), i, c, min(CHUNK_LINES, n_lines - s)) for c, s in enumerate(range(0, n_lines, CHUNK_LINES))]
-                    for text, score, label, n_bad in _ordered_map(pool, lambda job: _make_chunk(model, cfg, *job), jobs):
-                        f.write(text)
-                        scores.append(score)
-                        labels.append(label)
-                        bad_total += n_bad
-                        bar.update(len(score) + n_bad)
-                os.chmod(tmp, 0o666 & ~_umask())
-                os.replace(tmp, out / name)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            starts = range(0, n_lines, CHUNK_LINES)
+            jobs = [(int(cfg.seed), i, c, min(CHUNK_LINES, n_lines - s)) for c, s in enumerate(starts)]
+            chunks = _ordered_map(pool, lambda job: _make_chunk(model, cfg, *job), jobs)
+            with _atomic_output(out / name, gz) as f:
+                for text, score, label, n_bad in chunks:
+                    f.write(text)
+                    scores.append(score)
+                    labels.append(label)
+                    bad_total += n_bad
+                    bar.update(len(score) + n_bad)
             files.append({"name": name, "lines": n_lines, "bytes": (out / name).stat().st_size})
     bar.close()
+    dt = time.perf_counter() - t0  # generation + writing (the model build and the AUC not included)
 
     score, label = np.concatenate(scores), np.concatenate(labels)
     prob = _sigmoid(score.astype(np.float64))
@@ -378,10 +389,9 @@ def synth(cfg: SynthConfig | Any) -> Path:
         "settings": settings,
     }
     atomic_write_text(out / ORACLE, json.dumps(record, indent=2))
-    dt = time.perf_counter() - t0
     print(
         f"synth: wrote {cfg.lines} lines in {len(files)} file(s) to {out} in {dt:.1f}s "
-        f"({int(cfg.lines) / dt:,.0f} lines/s); oracle AUC {record['oracle_auc']:.4f}, "
+        f"({int(cfg.lines) / dt:,.0f} lines/s written); oracle AUC {record['oracle_auc']:.4f}, "
         f"positives {record['positive_rate']:.3f}, tables {sum(sizes)} rows"
     )
     return out

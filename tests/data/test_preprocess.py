@@ -250,3 +250,11 @@ def test_shards_are_finite_and_typed(raw_small: Path, tmp_path: Path) -> None:
                 v = t.column(name).to_numpy()
                 assert np.isfinite(v).all() if v.dtype.kind == "f" else v.min() >= 0
     shutil.rmtree(tmp_path / "ds")
+
+
+def test_no_training_lines_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "train.txt").write_text("0" + "\t" * 39 + "\n")  # 1 line: it goes to test
+    with pytest.raises(pp.PreprocessError, match="no valid training lines"):
+        pp.preprocess(pp_config(tmp_path / "train.txt", tmp_path / "ds"))
+    assert not (tmp_path / "ds").exists()
+    _no_temp_files(tmp_path / "ds")
