@@ -85,7 +85,8 @@ def _batch(ids: torch.Tensor, keys: list[str], b: int, dense: torch.Tensor, labe
 
     n = ids.numel()
     kjt = KeyedJaggedTensor(keys=keys, values=ids, lengths=torch.ones(n, dtype=torch.int32),
-                            offsets=torch.arange(n + 1, dtype=torch.int32), stride=b)
+                            offsets=torch.arange(n + 1, dtype=torch.int32), stride=b,
+                            length_per_key=[b] * len(keys), offset_per_key=[b * i for i in range(len(keys) + 1)])
     return Batch(dense, kjt, labels)
 
 

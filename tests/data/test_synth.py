@@ -110,14 +110,3 @@ def test_config_errors(tmp_path: Path) -> None:
         tiny_synth(tmp_path, cardinalities=[3, 4])
     assert table_sizes(SynthConfig(cardinality_scale=1.0)) == table_sizes(SynthConfig(cardinality_scale=2.0))
     assert min(table_sizes(SynthConfig())) == 3  # a preset table smaller than the floor keeps its size
-
-
-def test_throughput_smoke(tmp_path: Path) -> None:
-    """Not a benchmark (the machine may be shared): catches an accidental per-line Python loop."""
-    import time
-
-    cfg = SynthConfig(output=str(tmp_path), lines=100_000, progress=False, cardinality_scale=0.001)
-    t = time.perf_counter()
-    synth(cfg)
-    assert time.perf_counter() - t < 20
-    assert np.isclose(sum(1 for _ in open(tmp_path / "day_0", "rb")), 100_000)
