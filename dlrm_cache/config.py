@@ -50,7 +50,7 @@ class SparseOptimConfig:
 @dataclass
 class DenseOptimConfig:
     name: str = "adagrad"  # sgd | adagrad | adam
-    lr: float = 0.05
+    lr: float = 0.01
     weight_decay: float = 0.0
     momentum: float = 0.0  # sgd only
 

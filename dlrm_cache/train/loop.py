@@ -18,7 +18,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from ..data.format import Manifest
+from ..data.format import Manifest, atomic_write_text
 from ..data.loader import Batch, Prefetcher, ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
@@ -26,7 +26,7 @@ from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve
 from ..parallel.plan import available_host_bytes, host_bytes_per_row, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
-from .metrics import EvalMetrics, JsonlLog, format_table
+from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +252,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     bar = tqdm(total=total_steps, initial=step, disable=not (cfg.progress and info.is_main),
                unit="step", dynamic_ncols=True)
     samples, train_time, loss_sum, loss_n = 0, 0.0, 0.0, 0
+    emb_totals = StatsTotals()
     last_eval: dict[str, float] = {}
     model.train()
     while step < total_steps:
@@ -275,7 +276,9 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
                     elapsed = time.perf_counter() - t0
                     train_time += elapsed
                     rate = loss_n * batch.size * info.world_size / max(elapsed, 1e-9)
-                    record = {"loss": loss_sum / loss_n, "samples_per_s": rate, **embeddings.stats()}
+                    emb_stats = embeddings.stats()
+                    emb_totals.add(emb_stats)
+                    record = {"loss": loss_sum / loss_n, "samples_per_s": rate, **emb_stats}
                     metrics_log.write("train", step=step, epoch=epoch, **record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{rate:,.0f}")
                     loss_sum, loss_n, t0 = 0.0, 0, time.perf_counter()
@@ -318,9 +321,16 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
         test = evaluate(net, test_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
         metrics_log.write("eval", step=step, split="test", **test)
         summary.update({f"test_{k}": v for k, v in test.items()})
-    summary.update({f"embedding_{k}": v for k, v in embeddings.stats().items()})
+    if info.distributed:  # every rank's cache serves its own tables: add them up
+        everyone: list = [None] * info.world_size
+        torch.distributed.all_gather_object(everyone, emb_totals)
+        emb_totals = emb_totals.combine(everyone)
+    cache = emb_totals.result()
+    summary.update({f"embedding_{k}": v for k, v in cache.items()})
     metrics_log.write("summary", **summary)
     if info.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        print(format_table(list(summary.items()), title=f"dlrm-cache train: {run_dir}"))
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+        # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
+        shown = [(k, v) for k, v in summary.items() if "/" not in k]
+        print(format_table(shown, title=f"dlrm-cache train: {run_dir}"))
     return summary

@@ -85,3 +85,53 @@ def _fmt(v) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
+
+
+# Embedding stats that describe the cache (take the latest value) rather than count events.
+_LEVELS = {"cache_bytes", "cache_rows", "static_rows"}
+
+
+class StatsTotals:
+    """Adds up the per-interval counters of ``EmbeddingBackend.stats()`` over a whole run.
+
+    Rates are averaged weighted by the accesses of each interval, sizes keep their last value,
+    everything else is summed.  ``combine`` merges the totals of several ranks.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weighted: dict[str, float] = {}
+        self.weight: dict[str, float] = {}
+        self.levels: dict[str, float] = {}
+
+    def add(self, stats: dict[str, float]) -> None:
+        w = float(stats.get("accesses", 1.0))
+        for k, v in stats.items():
+            if k in _LEVELS:
+                self.levels[k] = v
+            elif "rate" in k:
+                weight = w if not k.startswith("hit_rate/") else 1.0
+                self.weighted[k] = self.weighted.get(k, 0.0) + v * weight
+                self.weight[k] = self.weight.get(k, 0.0) + weight
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + v
+
+    def combine(self, others: list["StatsTotals"]) -> "StatsTotals":
+        out = StatsTotals()
+        for o in others:
+            for k, v in o.sums.items():
+                out.sums[k] = out.sums.get(k, 0.0) + v
+            for k, v in o.weighted.items():
+                out.weighted[k] = out.weighted.get(k, 0.0) + v
+                out.weight[k] = out.weight.get(k, 0.0) + o.weight[k]
+            for k, v in o.levels.items():
+                out.levels[k] = out.levels.get(k, 0.0) + v  # per-rank caches add up
+        return out
+
+    def result(self, per_table: bool = True) -> dict[str, float]:
+        out = dict(self.sums)
+        out.update({k: self.weighted[k] / self.weight[k] for k in self.weighted if self.weight[k]})
+        out.update(self.levels)
+        if not per_table:
+            out = {k: v for k, v in out.items() if "/" not in k}
+        return dict(sorted(out.items()))
