@@ -176,6 +176,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver(
             "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
         )
+        # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
+        OmegaConf.register_new_resolver(
+            "dlrm_rank_suffix", lambda: "" if _is_rank0() else f"-rank{os.environ['RANK']}", use_cache=True
+        )
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)

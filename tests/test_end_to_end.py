@@ -11,21 +11,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dlrm_cache.config import config_dir, register_configs
-from dlrm_cache.data.config import PreprocessConfig, SynthConfig
-from dlrm_cache.data.preprocess import preprocess
-from dlrm_cache.data.synth import synth
 from dlrm_cache.train.checkpoint import Checkpoint
 from dlrm_cache.train.loop import train
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("e2e")
-    synth(SynthConfig(output=str(root / "raw"), lines=24_000, cardinality_scale=0.0005,
-                      min_cardinality=8, progress=False, seed=3))
-    preprocess(PreprocessConfig(input=str(root / "raw"), output=str(root / "processed"),
-                                rows_per_shard=5000, progress=False))
-    return root / "processed"
+@pytest.fixture
+def dataset(processed_synth: Path) -> Path:
+    return processed_synth
 
 
 def compose_train(overrides: list[str]):

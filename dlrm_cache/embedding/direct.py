@@ -118,11 +118,27 @@ class UvmCacheBackend(TbeBackend):
             cache_load_factor=cache_ratio,
             cache_algorithm=CACHE_ALGORITHMS[algorithm],
             uvm_host_mapped=host_mapped,
+            gather_uvm_cache_stats=True,
             **kw,
         )
+        self.cache_ratio = cache_ratio
 
     def stats(self) -> dict[str, float]:
-        return {}
+        """fbgemm's own counters since the last call (it counts distinct ids per call, not accesses)."""
+        s = self.tbe.get_uvm_cache_stats(use_local_cache=False).tolist()
+        self.tbe.reset_uvm_cache_stats()
+        # UVMCacheStatsIndex: calls, requested, unique, unique misses, conflict unique, conflict misses
+        unique, misses = s[2], s[3]
+        rb = 4 * (self.dim + max(self.optim.state_per_row, 0))
+        return {
+            "hit_rate_distinct": 1.0 - misses / unique if unique else 0.0,
+            "distinct_ids": float(unique),
+            "rows_loaded": float(misses),
+            "bytes_loaded": float(misses * rb),
+            "conflict_misses": float(s[5]),
+            "cache_rows": float(self.tbe.lxu_cache_weights.size(0)),
+            "cache_bytes": float(self.tbe.lxu_cache_weights.numel() * self.tbe.lxu_cache_weights.element_size()),
+        }
 
 
 def _require_cuda(device, name: str) -> torch.device:

@@ -121,28 +121,15 @@ def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
     assert len(runs) == 1, runs
     assert res.stdout.count("dlrm-cache train:") == 1  # the summary table, from rank 0 only
     assert (runs[0] / "checkpoints" / "latest").is_file()
+    assert {p.name for p in runs[0].glob("*.log")} == {"train.log", "train-rank1.log"}
+    assert "embedding placement (2 ranks)" in (runs[0] / "train.log").read_text()
 
 
-@pytest.fixture(scope="module")
-def processed(tmp_path_factory) -> Path:
-    """A real synth -> preprocess dataset (the freq_cache needs its frequency statistics)."""
-    from dlrm_cache.data.config import PreprocessConfig, SynthConfig
-    from dlrm_cache.data.preprocess import preprocess
-    from dlrm_cache.data.synth import synth
-
-    root = tmp_path_factory.mktemp("proc")
-    synth(SynthConfig(output=str(root / "raw"), lines=12_000, cardinality_scale=0.0005,
-                      min_cardinality=8, progress=False, seed=5))
-    preprocess(PreprocessConfig(input=str(root / "raw"), output=str(root / "processed"),
-                                rows_per_shard=3000, progress=False))
-    return root / "processed"
-
-
-def test_sharded_freq_cache_matches_single_process_host(processed: Path, tmp_path: Path):
+def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, tmp_path: Path):
     """Each rank keeps its tables behind its own cache; the model is still the uncached one."""
     steps = ["max_steps=12"]
-    run_single(_overrides(processed, tmp_path / "host", steps))
-    out = launch(2, _overrides(processed, tmp_path / "cache", steps + [
+    run_single(_overrides(processed_synth, tmp_path / "host", steps))
+    out = launch(2, _overrides(processed_synth, tmp_path / "cache", steps + [
         "embedding=freq_cache", "embedding.cache_ratio=0.05", "embedding.lookahead=2"]))
     a, b = _state(tmp_path / "host/checkpoints/step_00000012"), _state(tmp_path / "cache/checkpoints/step_00000012")
     assert a.keys() == b.keys()

@@ -1,4 +1,4 @@
-"""A small processed dataset written straight in the on-disk format (no preprocessing involved),
+"""Shared fixtures. A small processed dataset written straight in the on-disk format (no preprocessing involved),
 with a planted signal so that a trained model must beat chance."""
 
 from __future__ import annotations
@@ -55,3 +55,18 @@ def small_dataset(tmp_path: Path) -> Path:
     root = tmp_path / "ds"
     write_dataset(root, {"train": 6000, "val": 2000, "test": 1000}, [50, 200, 1000, 30, 500])
     return root
+
+
+@pytest.fixture(scope="session")
+def processed_synth(tmp_path_factory) -> Path:
+    """A real `synth` -> `preprocess` dataset (with frequency statistics and oracle.json)."""
+    from dlrm_cache.data.config import PreprocessConfig, SynthConfig
+    from dlrm_cache.data.preprocess import preprocess
+    from dlrm_cache.data.synth import synth
+
+    root = tmp_path_factory.mktemp("synth")
+    synth(SynthConfig(output=str(root / "raw"), lines=24_000, cardinality_scale=0.0005,
+                      min_cardinality=8, progress=False, seed=3))
+    preprocess(PreprocessConfig(input=str(root / "raw"), output=str(root / "processed"),
+                                rows_per_shard=5000, progress=False))
+    return root / "processed"
