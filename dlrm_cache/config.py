@@ -110,6 +110,7 @@ class TrainConfig:
     resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
+    shard_rows_above: int = 0  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
     host_memory_gb: float = 0.0  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
     dist_timeout_s: float = 300.0  # a collective waiting longer than this fails instead of hanging
 

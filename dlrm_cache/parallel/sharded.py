@@ -1,8 +1,10 @@
-"""Model-parallel embeddings: each rank owns whole tables (host memory + its own cache for them).
+"""Model-parallel embeddings: each rank owns shards (whole tables or row ranges of one).
 
-Per step, ids travel to the owner of their table and pooled embeddings travel back, both by
-all-to-all; gradients take the reverse path in backward.  Everything is synchronous collectives, so
-the result does not depend on timing, and the same code runs on gloo (CPU) and NCCL (GPU).
+Per step, ids travel to the owner of their shard and pooled embeddings travel back, both by
+all-to-all; gradients take the reverse path in backward.  A row-wise split table comes back as one
+partial sum per shard, added up on the batch's rank (autograd sends the gradient to every shard).
+Everything is synchronous collectives, so the result does not depend on timing, and the same code
+runs on gloo (CPU) and NCCL (GPU).
 
 The wrapper is itself an :class:`EmbeddingBackend`, so the model and the trainer do not change.
 """
@@ -17,17 +19,18 @@ import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from .plan import Shard
 
 
 class ShardedEmbeddings(EmbeddingBackend):
-    """Table-wise sharding of an embedding backend over the default process group."""
+    """Table-wise and row-wise sharding of an embedding backend over the default process group."""
 
     def __init__(
         self,
         tables: list[TableSpec],
         optim: SparseOptim,
-        owner: dict[str, int],
-        make_local: Callable[[list[TableSpec]], EmbeddingBackend],
+        shards: list[Shard],
+        make_local: Callable[[list[TableSpec], list[Shard]], EmbeddingBackend],
         device: torch.device,
     ) -> None:
         super().__init__(tables, optim)
@@ -35,60 +38,73 @@ class ShardedEmbeddings(EmbeddingBackend):
         self.device = device
         # NCCL moves device tensors only; gloo moves host tensors
         self.comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-        self.owner = owner
         self.dim = tables[0].dim
-        # features owned by each rank, in global feature order
-        self.by_rank = [[t.name for t in tables if owner[t.name] == r] for r in range(self.world)]
-        self.mine = [t for t in tables if owner[t.name] == self.rank]
-        self.local = make_local(self.mine) if self.mine else None
+        self.shards = list(shards)
+        self.by_rank = [[s for s in shards if s.rank == r] for r in range(self.world)]
+        self.mine = self.by_rank[self.rank]
+        local_tables = [TableSpec(s.name, s.hi - s.lo, self.dim) for s in self.mine]
+        self.local = make_local(local_tables, self.mine) if self.mine else None
         self.lookahead = int(getattr(self.local, "lookahead", 0))
-        order = [n for names in self.by_rank for n in names]  # receive order: rank-major
+        # received pooled blocks are rank-major; put them back in global shard order, then add the
+        # shards of each table together (one shard per table when nothing is split row-wise)
+        order = [s.name for shards_r in self.by_rank for s in shards_r]
         index = {n: i for i, n in enumerate(order)}
-        # column blocks of the received [B, F*D] tensor, back into global feature order
-        self._unpermute = torch.cat(
-            [torch.arange(index[n] * self.dim, (index[n] + 1) * self.dim) for n in self.feature_names]
-        ).to(device)
+        self._unpermute = torch.tensor([index[s.name] for s in self.shards], device=device)
+        table_index = {t.name: i for i, t in enumerate(tables)}
+        self._shard_table = torch.tensor([table_index[s.table] for s in self.shards], device=device)
+        self._row_wise = len(self.shards) != len(tables)
         self._pending: deque[tuple[KeyedJaggedTensor, KeyedJaggedTensor | None, list[int]]] = deque()
 
     # -- ids to their owners -----------------------------------------------------------------
+    def _shard_ids(self, per_key, s: Shard) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lengths per sample, ids relative to the shard) of this rank's batch for shard ``s``."""
+        jt = per_key[s.table]
+        values, lengths = jt.values().long(), jt.lengths().long()
+        if (s.lo, s.hi) == (0, s.rows_in_table):
+            return lengths, values
+        inside = (values >= s.lo) & (values < s.hi)
+        sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device), lengths)
+        return torch.bincount(sample[inside], minlength=lengths.numel()), values[inside] - s.lo
+
     def _dist_ids(self, kjt: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor | None, list[int]]:
         b = kjt.stride()
         cd = self.comm_device
-        sizes = [torch.zeros(1, dtype=torch.int64, device=cd) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([b], dtype=torch.int64, device=cd))
-        batch_sizes = [int(s) for s in sizes]  # eval batches may differ by a row between ranks
+        sizes_t = [torch.zeros(1, dtype=torch.int64, device=cd) for _ in range(self.world)]
+        dist.all_gather(sizes_t, torch.tensor([b], dtype=torch.int64, device=cd))
+        batch_sizes = [int(s) for s in sizes_t]  # eval batches may differ by a row between ranks
         per_key = kjt.to_dict()
-        lengths_out, values_out = [], []
-        for names in self.by_rank:
-            lengths_out += [per_key[n].lengths() for n in names]
-            values_out += [per_key[n].values() for n in names]
+        lengths_out, values_out, val_in = [], [], []
+        for shards_r in self.by_rank:
+            n_vals = 0
+            for s in shards_r:
+                lengths, values = self._shard_ids(per_key, s)
+                lengths_out.append(lengths)
+                values_out.append(values)
+                n_vals += values.numel()
+            val_in.append(n_vals)
         empty = torch.zeros(0, dtype=torch.int64, device=cd)
-        lengths_send = torch.cat(lengths_out).long().to(cd) if lengths_out else empty
-        values_send = torch.cat(values_out).long().to(cd) if values_out else empty
+        lengths_send = torch.cat(lengths_out).to(cd) if lengths_out else empty
+        values_send = torch.cat(values_out).to(cd) if values_out else empty
         n_mine = len(self.mine)
-        len_in = [len(names) * b for names in self.by_rank]
+        len_in = [len(shards_r) * b for shards_r in self.by_rank]
         len_out = [n_mine * bs for bs in batch_sizes]
-        lengths_recv = torch.empty(sum(len_out), dtype=torch.int64, device=lengths_send.device)
+        lengths_recv = torch.empty(sum(len_out), dtype=torch.int64, device=cd)
         dist.all_to_all_single(lengths_recv, lengths_send, len_out, len_in)
-        val_in = [
-            int(sum(per_key[n].values().numel() for n in names)) for names in self.by_rank
-        ]
         val_out = [int(c.sum()) for c in lengths_recv.split(len_out)]
-        values_recv = torch.empty(sum(val_out), dtype=torch.int64, device=values_send.device)
+        values_recv = torch.empty(sum(val_out), dtype=torch.int64, device=cd)
         dist.all_to_all_single(values_recv, values_send, val_out, val_in)
         if not n_mine:
             return None, batch_sizes
-        # received blocks are (source rank, feature, sample): regroup as (feature, source, sample)
+        # received blocks are (source rank, shard, sample): regroup as (shard, source, sample)
         lengths_by_src = [l.view(n_mine, -1) for l in lengths_recv.split(len_out)]
-        values_by_src = list(values_recv.split(val_out))
+        seg = [list(v.split(l.sum(1).tolist())) for v, l in zip(values_recv.split(val_out), lengths_by_src)]
         lengths, values = [], []
-        seg = [list(v.split(l.sum(1).tolist())) for v, l in zip(values_by_src, lengths_by_src)]
         for f in range(n_mine):
-            for s in range(self.world):
-                lengths.append(lengths_by_src[s][f])
-                values.append(seg[s][f])
+            for src in range(self.world):
+                lengths.append(lengths_by_src[src][f])
+                values.append(seg[src][f])
         local = KeyedJaggedTensor.from_lengths_sync(
-            keys=[t.name for t in self.mine],
+            keys=[s.name for s in self.mine],
             values=torch.cat(values).to(self.device),
             lengths=torch.cat(lengths).to(self.device).int(),
         )
@@ -108,15 +124,17 @@ class ShardedEmbeddings(EmbeddingBackend):
             local, sizes = self._dist_ids(features)
         b = features.stride()
         if self.local is not None:
-            mine = self.local(local).values()  # [sum(sizes), F_mine * D]
+            mine = self.local(local).values()  # [sum(sizes), shards_mine * D]
         else:
             mine = torch.zeros(sum(sizes), 0, device=self.device, requires_grad=True)
-        widths = [len(names) * self.dim for names in self.by_rank]
+        widths = [len(shards_r) * self.dim for shards_r in self.by_rank]
         # Each rank's loss is a mean over its local rows; scaling the returning gradients by 1/W
         # makes the update the one a single process would make for the whole global batch.
         out = _PooledAllToAll.apply(mine, sizes, widths, b, 1.0 / self.world)
-        out = out.index_select(1, self._unpermute)
-        return pooled(features, out, self.dim)
+        out = out.view(b, -1, self.dim).index_select(1, self._unpermute)  # [B, shards, D]
+        if self._row_wise:
+            out = out.new_zeros(b, len(self.tables), self.dim).index_add(1, self._shard_table, out)
+        return pooled(features, out.reshape(b, -1), self.dim)
 
     def cancel_prefetch(self) -> None:
         self._pending.clear()
@@ -135,12 +153,13 @@ class ShardedEmbeddings(EmbeddingBackend):
         return self.local.stats() if self.local is not None else {}
 
     def export_tables(self) -> dict[str, torch.Tensor]:
+        """This rank's shards, keyed ``<table>.<field>`` or ``<table>:<lo>-<hi>.<field>``."""
         return self.local.export_tables() if self.local is not None else {}
 
     def import_tables(self, state: dict[str, torch.Tensor]) -> None:
         if self.local is not None:
-            self.local.import_tables({k: v for k, v in state.items() if k.split(".")[0] in self.owner
-                                      and self.owner[k.split(".")[0]] == self.rank})
+            keys = set(self.local.state_keys())
+            self.local.import_tables({k: v for k, v in state.items() if k in keys})
 
     def state_keys(self) -> list[str]:
         return self.local.state_keys() if self.local is not None else []
@@ -149,7 +168,7 @@ class ShardedEmbeddings(EmbeddingBackend):
 class _PooledAllToAll(torch.autograd.Function):
     """Owner -> batch rank exchange of pooled embeddings.
 
-    Forward on rank r: ``x`` is [sum(sizes), w_r] (its tables for every rank's samples); the rows of
+    Forward on rank r: ``x`` is [sum(sizes), w_r] (its shards for every rank's samples); the rows of
     rank s go to rank s.  Rank s receives [sizes[s], w_r] from every r and concatenates the
     columns rank-major into [sizes[s], sum(w)].  Backward is the same exchange reversed.
     """

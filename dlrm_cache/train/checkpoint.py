@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.format import atomic_write_text
+from ..parallel.plan import parse_key
 
 CKPT_DIR = "checkpoints"
 
@@ -79,15 +80,49 @@ class Checkpoint:
             raise ValueError(f"resume={path}: not a readable dlrm-cache checkpoint ({e})") from None
 
     def tables(self, keys: list[str]) -> dict[str, torch.Tensor]:
-        """The requested table entries, reading only the files that hold them."""
-        missing = [k for k in keys if k not in self.meta["tables"]]
-        if missing:
-            raise ValueError(
-                f"resume={self.path}: the checkpoint has no {', '.join(missing[:4])} (written with "
-                "another model or optimizer?)"
-            )
+        """The requested entries, reading only the files that hold them.
+
+        A key may name a whole table (``C3.weight``) or a row range (``C3:0-500.weight``); it is
+        assembled from whatever pieces the writer's sharding produced, so N-rank checkpoints
+        resume on M ranks.
+        """
+        stored: dict[str, str] = self.meta["tables"]
+        pieces: dict[tuple[str, str], list[tuple[int | None, int | None, str]]] = {}
+        for k in stored:
+            table, lo, hi, field = parse_key(k)
+            pieces.setdefault((table, field), []).append((lo, hi, k))
+        files: dict[str, dict[str, torch.Tensor]] = {}
+
+        def load(k: str) -> torch.Tensor:
+            f = stored[k]
+            if f not in files:
+                files[f] = torch.load(self.path / f, map_location="cpu", mmap=True, weights_only=True)
+            return files[f][k]
+
         out: dict[str, torch.Tensor] = {}
-        for f in sorted({self.meta["tables"][k] for k in keys}):
-            data = torch.load(self.path / f, map_location="cpu", mmap=True, weights_only=True)
-            out.update({k: v for k, v in data.items() if k in keys})
+        for key in keys:
+            if key in stored:
+                out[key] = load(key)
+                continue
+            table, lo, hi, field = parse_key(key)
+            have = pieces.get((table, field))
+            if not have:
+                raise ValueError(
+                    f"resume={self.path}: the checkpoint has no {key} (written with another model or "
+                    "optimizer?)"
+                )
+            spans = [(plo or 0, phi if phi is not None else load(k).shape[0], k) for plo, phi, k in have]
+            lo = lo or 0
+            hi = hi if hi is not None else max(s[1] for s in spans)
+            first = load(spans[0][2])
+            result = first.new_empty((hi - lo, *first.shape[1:]))
+            filled = 0
+            for plo, phi, k in spans:
+                a, b = max(lo, plo), min(hi, phi)
+                if a < b:
+                    result[a - lo : b - lo] = load(k)[a - plo : b - plo]
+                    filled += b - a
+            if filled != hi - lo:
+                raise ValueError(f"resume={self.path}: rows {lo}-{hi} of {table}.{field} are not all there")
+            out[key] = result
         return out

@@ -23,7 +23,7 @@ from ..data.loader import Batch, Prefetcher, ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
-from ..parallel.plan import available_host_bytes, host_bytes_per_row, plan_placement
+from ..parallel.plan import Shard, available_host_bytes, host_bytes_per_row, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
@@ -34,7 +34,11 @@ DENSE_OPTIMIZERS = {"sgd", "adagrad", "adam"}
 
 
 def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
-    """``make(tables) -> EmbeddingBackend`` for the configured placement (frequency stats included)."""
+    """``make(tables, shards) -> EmbeddingBackend`` for the configured placement.
+
+    ``shards`` (row ranges of whole tables, see parallel/plan.py) give each local table its slice of
+    the frequency statistics; ``None`` means the tables are whole.
+    """
     optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
     wants_counts = "counts" in inspect.signature(get_class(cfg.embedding._target_)).parameters
     counts = None
@@ -45,8 +49,11 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
     partial = instantiate(cfg.embedding, _partial_=True)
 
-    def make(tables: list[TableSpec]) -> EmbeddingBackend:
-        extra = {"counts": {t.name: counts[t.name] for t in tables}} if wants_counts else {}
+    def make(tables: list[TableSpec], shards: list[Shard] | None = None) -> EmbeddingBackend:
+        extra = {}
+        if wants_counts:
+            ranges = shards or [Shard(t.name, 0, t.num_rows, t.num_rows) for t in tables]
+            extra["counts"] = {s.name: counts[s.table][s.lo : s.hi] for s in ranges}
         return partial(tables=tables, optim=optim, device=device, **extra)
 
     return make, optim, counts
@@ -60,22 +67,25 @@ def build_embeddings(
         for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
     ]
     make, optim, counts = embedding_factory(cfg, data_path, device)
-    if info.distributed:
-        budget = cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(
-            info.local_world_size)
-        placement = plan_placement(
-            tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"), counts
-        )
-        if info.is_main:
-            log.info("embedding placement (%d ranks):\n%s", info.world_size,
-                     placement.table(info.world_size, host_bytes_per_row(cfg.model.embedding_dim, optim)))
-        embeddings: EmbeddingBackend = ShardedEmbeddings(tables, optim, placement.owner, make, device)
-    else:
+    if not info.distributed:
         embeddings = make(tables)
-    mine = [t for t in tables if f"{t.name}.weight" in embeddings.state_keys()]
-    if mine:
-        embeddings.import_tables(initial_state(mine, optim, cfg.seed))
-    return embeddings
+        embeddings.import_tables(initial_state(tables, optim, cfg.seed))
+        return embeddings
+    budget = cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(
+        info.local_world_size)
+    placement = plan_placement(tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"),
+                               counts, cfg.shard_rows_above)
+    if info.is_main:
+        log.info("embedding placement (%d ranks):\n%s", info.world_size,
+                 placement.table(info.world_size, host_bytes_per_row(cfg.model.embedding_dim, optim)))
+    sharded = ShardedEmbeddings(tables, optim, placement.shards, make, device)
+    # the same initial rows as one process would have: whole tables from their seed, then sliced
+    by_name, state = {t.name: t for t in tables}, {}
+    for s in placement.owned_by(info.rank):
+        full = initial_state([by_name[s.table]], optim, cfg.seed)
+        state.update({f"{s.name}.{k.split('.', 1)[1]}": v[s.lo : s.hi] for k, v in full.items()})
+    sharded.import_tables(state)
+    return sharded
 
 
 def build_dense_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:

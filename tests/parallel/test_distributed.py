@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from dlrm_cache.parallel.plan import parse_key
 from dlrm_cache.train.checkpoint import Checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,14 +67,18 @@ def _in_process(overrides: list[str]):
 
 
 def _state(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Dense parameters and whole tables (row-wise shards reassembled) of a checkpoint."""
     c = Checkpoint(ckpt)
     out = {f"dense.{k}": v for k, v in c.dense["model"].items()}
-    out.update(c.tables(list(c.meta["tables"])))
+    whole = sorted({f"{table}.{field}" for table, _, _, field in map(parse_key, c.meta["tables"])})
+    out.update(c.tables(whole))
     return out
 
 
-def test_two_ranks_match_one_rank(small_dataset: Path, tmp_path: Path):
-    steps = ["max_steps=20"]
+@pytest.mark.parametrize("row_wise", [False, True])
+def test_two_ranks_match_one_rank(small_dataset: Path, tmp_path: Path, row_wise: bool):
+    """Table-wise, and with every table over 100 rows split row-wise across both ranks."""
+    steps = ["max_steps=20"] + (["shard_rows_above=100"] if row_wise else [])
     one = run_single(_overrides(small_dataset, tmp_path / "one", steps))
     two = launch(2, _overrides(small_dataset, tmp_path / "two", steps))
     a, b = _state(tmp_path / "one/checkpoints/step_00000020"), _state(tmp_path / "two/checkpoints/step_00000020")
@@ -81,14 +86,16 @@ def test_two_ranks_match_one_rank(small_dataset: Path, tmp_path: Path):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     # the tables really were split over both ranks, and the metrics agree
-    files = set(Checkpoint(tmp_path / "two/checkpoints/step_00000020").meta["tables"].values())
-    assert files == {"tables-rank0.pt", "tables-rank1.pt"}
+    stored = Checkpoint(tmp_path / "two/checkpoints/step_00000020").meta["tables"]
+    assert set(stored.values()) == {"tables-rank0.pt", "tables-rank1.pt"}
+    assert any(":" in k for k in stored) == row_wise  # e.g. C3:0-500.weight
     assert two[0]["val_samples"] == 2000 and two[0]["train_samples"] == 20 * 128
     assert abs(one[0]["val_auc"] - two[0]["val_auc"]) < 1e-4
 
 
 def test_two_rank_checkpoint_resumes_on_one_rank(small_dataset: Path, tmp_path: Path):
-    launch(2, _overrides(small_dataset, tmp_path / "two", ["max_steps=10"]))
+    """Written by 2 ranks with row-wise shards, reassembled into whole tables by 1 rank."""
+    launch(2, _overrides(small_dataset, tmp_path / "two", ["max_steps=10", "shard_rows_above=100"]))
     run_single(_overrides(small_dataset, tmp_path / "one", ["max_steps=20", f"resume={tmp_path / 'two'}"]))
     straight = run_single(_overrides(small_dataset, tmp_path / "straight", ["max_steps=20"]))
     a, b = _state(tmp_path / "one/checkpoints/step_00000020"), _state(tmp_path / "straight/checkpoints/step_00000020")
@@ -106,7 +113,7 @@ def test_mismatched_configs_fail_fast(small_dataset: Path, tmp_path: Path):
 def test_too_little_host_memory_fails_fast(small_dataset: Path, tmp_path: Path):
     out = launch(2, _overrides(small_dataset, tmp_path / "r", ["max_steps=2", "host_memory_gb=0.00001"]))
     for rank in (0, 1):
-        assert "of host memory but a rank has 0.00 GiB (host_memory_gb)" in out[rank], out[rank]
+        assert "2 rank(s) cannot hold the tables: they need" in out[rank], out[rank]
 
 
 def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
@@ -130,7 +137,8 @@ def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, t
     steps = ["max_steps=12"]
     run_single(_overrides(processed_synth, tmp_path / "host", steps))
     out = launch(2, _overrides(processed_synth, tmp_path / "cache", steps + [
-        "embedding=freq_cache", "embedding.cache_ratio=0.05", "embedding.lookahead=2"]))
+        "embedding=freq_cache", "embedding.cache_ratio=0.05", "embedding.lookahead=2",
+        "shard_rows_above=50"]))
     a, b = _state(tmp_path / "host/checkpoints/step_00000012"), _state(tmp_path / "cache/checkpoints/step_00000012")
     assert a.keys() == b.keys()
     for k in a:
