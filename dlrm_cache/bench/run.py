@@ -29,7 +29,8 @@ from ..data.loader import Batch
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
-from ..train.loop import lookahead_window
+from ..data.loader import Prefetcher
+from ..train.loop import analyze_in_loader, lookahead_window
 
 TARGETS = {
     "host": "dlrm_cache.embedding.direct.HostBackend",
@@ -90,6 +91,11 @@ def _batch(ids: torch.Tensor, keys: list[str], b: int, dense: torch.Tensor, labe
     return Batch(dense, kjt, labels)
 
 
+def _copy(b: Batch) -> Batch:
+    """A fresh Batch object per step (the cache matches prefetched batches by identity)."""
+    return Batch(b.dense, b.sparse, b.labels)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -136,8 +142,10 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     if pin:
         host_batches = [hb.pin_memory() for hb in host_batches]
     total = cfg.warmup + cfg.iters
-    stream = (host_batches[i % len(host_batches)] for i in range(total))
     depth = int(getattr(emb, "lookahead", 0))
+    # as in training: batches come from a loader thread that also runs the cache's analysis
+    stream = Prefetcher((_copy(host_batches[i % len(host_batches)]) for i in range(total)), depth=4,
+                        transform=analyze_in_loader(emb, depth))
     t0 = None
     for i, batch in enumerate(lookahead_window(stream, emb, depth, device)):
         if i == cfg.warmup:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,16 +28,18 @@ class Batch:
     dense: torch.Tensor  # [b, 13] float32
     sparse: KeyedJaggedTensor  # 26 features, one id per sample
     labels: torch.Tensor  # [b] float32
+    analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in the loader thread
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
         return Batch(
             self.dense.to(device, non_blocking=non_blocking),
             self.sparse.to(device, non_blocking=non_blocking),
             self.labels.to(device, non_blocking=non_blocking),
+            self.analysis,
         )
 
     def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin(), self.labels.pin_memory())
+        return Batch(self.dense.pin_memory(), self.sparse.pin(), self.labels.pin_memory(), self.analysis)
 
     @property
     def size(self) -> int:
@@ -184,16 +186,21 @@ class Prefetcher:
 
     _END = object()
 
-    def __init__(self, it: Iterator, depth: int = 4, pin: bool = False) -> None:
+    def __init__(
+        self, it: Iterator, depth: int = 4, pin: bool = False, transform: Callable | None = None
+    ) -> None:
         self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._pin = pin
+        self._transform = transform
         self._thread = threading.Thread(target=self._run, args=(it,), daemon=True)
         self._thread.start()
 
     def _run(self, it: Iterator) -> None:
         try:
             for item in it:
+                if self._transform is not None:
+                    item = self._transform(item)
                 if self._pin:
                     item = item.pin_memory()
                 while not self._stop.is_set():

@@ -62,7 +62,15 @@ class EmbeddingBackend(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         raise NotImplementedError
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def analyze(self, features: KeyedJaggedTensor) -> object | None:
+        """Work on a future batch that does not depend on what is cached (dedup, static mapping).
+
+        Thread-safe and free of side effects: the loader calls it in its background thread and hands
+        the result to :meth:`prefetch`, so the training thread only does what needs the cache state.
+        """
+        return None
+
+    def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
         """A future batch: make its rows resident before it is needed (no-op where n/a)."""
 
     def cancel_prefetch(self) -> None:

@@ -111,7 +111,7 @@ class ShardedEmbeddings(EmbeddingBackend):
         return local, batch_sizes
 
     # -- the interface -------------------------------------------------------------------------
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
         local, sizes = self._dist_ids(features)
         if self.local is not None and local is not None:
             self.local.prefetch(local)

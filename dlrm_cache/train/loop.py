@@ -122,12 +122,24 @@ def lookahead_window(
     for batch in batches:
         if depth > 0:
             # the host copy: the cache plans its transfers on the CPU, no device->host sync needed
-            backend.prefetch(batch.sparse)
+            backend.prefetch(batch.sparse, batch.analysis)
         window.append(batch.to(device, non_blocking=True))
         if len(window) > depth:
             yield window.popleft()
     while window:
         yield window.popleft()
+
+
+def analyze_in_loader(backend: EmbeddingBackend, depth: int):
+    """The loader thread's share of the cache's work on each batch (None: nothing to do)."""
+    if depth <= 0 or type(backend).analyze is EmbeddingBackend.analyze:
+        return None
+
+    def transform(batch: Batch) -> Batch:
+        batch.analysis = backend.analyze(batch.sparse)
+        return batch
+
+    return transform
 
 
 @torch.no_grad()
@@ -268,7 +280,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     while step < total_steps:
         epoch, start = divmod(step, steps_per_epoch)
         reader = Prefetcher(train_stream.batches(epoch, start), cfg.data.prefetch_batches,
-                            pin=device.type == "cuda")
+                            pin=device.type == "cuda", transform=analyze_in_loader(embeddings, lookahead))
         try:
             t0 = time.perf_counter()
             for batch in lookahead_window(reader, embeddings, lookahead, device):

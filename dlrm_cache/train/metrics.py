@@ -81,6 +81,8 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "n/a"
+        if v.is_integer() and abs(v) >= 1000:  # counters that stats() reports as floats
+            return f"{int(v):,}"
         return f"{v:,.4f}" if abs(v) < 1000 else f"{v:,.0f}"
     if isinstance(v, int):
         return f"{v:,}"

@@ -75,6 +75,11 @@ class _Batch:
     uniq: np.ndarray  # distinct global rows outside the static region
     inverse: np.ndarray  # position in uniq of every non-static id
     counts: np.ndarray  # accesses of each uniq row in this batch
+    # statistics that do not depend on what is resident (computed once, in the loader thread)
+    table_accesses: np.ndarray  # accesses per table
+    static_table_hits: np.ndarray  # accesses per table served by the static region
+    static_hits: int  # accesses to static rows
+    static_distinct: int  # distinct static rows
     prepared: bool = False
     deferred: bool = False
     counted: bool = False
@@ -185,7 +190,6 @@ class FreqCacheBackend(EmbeddingBackend):
         cache_w = weights_view(self.tbe, self.dim)
         cache_m = momentum_view(self.tbe, optim, self.dim)
         self.mover = Mover(self.store, cache_w, cache_m, self.device)
-        self._static_scratch = np.zeros(num_static, dtype=bool)
         # Static region: table t's rows [0, static_rows[t]) at slots static_offsets[t] + rank.
         st_slots = np.arange(num_static, dtype=np.int64)
         st_table = np.repeat(np.arange(len(tables)), self.static_rows)
@@ -198,9 +202,15 @@ class FreqCacheBackend(EmbeddingBackend):
         self._stats = self._zero_stats()
 
     # ------------------------------------------------------------------------------ public API
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def analyze(self, features: KeyedJaggedTensor) -> _Batch:
+        """The cache-independent part of a prefetch; reads only state fixed at construction."""
+        return self._analyze(features)
+
+    def prefetch(self, features: KeyedJaggedTensor, analysis: _Batch | None = None) -> None:
         self._retire()
-        self._queue.append(self._analyze(features))
+        if analysis is None or analysis.kjt is not features:
+            analysis = self._analyze(features)
+        self._queue.append(analysis)
         self._try_prepare()
 
     def step_done(self) -> None:
@@ -331,7 +341,15 @@ class FreqCacheBackend(EmbeddingBackend):
         grow = values[dyn] + self.row_offsets[table[dyn]]
         uniq, inverse, counts = np.unique(grow, return_inverse=True, return_counts=True)
         lengths = kjt.lengths().numpy() if on_cpu else None
-        return _Batch(kjt, values, lengths, table, static, slot_values, uniq, inverse.reshape(-1), counts)
+        T = len(self.tables)
+        static_slots = slot_values[static]
+        return _Batch(
+            kjt, values, lengths, table, static, slot_values, uniq, inverse.reshape(-1), counts,
+            table_accesses=lpk,
+            static_table_hits=np.bincount(table[static], minlength=T),
+            static_hits=int(static_slots.size),
+            static_distinct=int(np.count_nonzero(np.bincount(static_slots, minlength=1))),
+        )
 
     @staticmethod
     def _matches(b: _Batch, kjt: KeyedJaggedTensor) -> bool:
@@ -391,6 +409,7 @@ class FreqCacheBackend(EmbeddingBackend):
         s.release(victims)
         self.mover.load(victims, rows)
         s.assign(victims, rows)
+        self.policy.admitted(victims, rows)
         st = self._stats
         st["evictions"] += int(occupied.sum())
         st["rows_written_back"] += int(dirty.sum())
@@ -398,20 +417,14 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def _count_hits(self, b: _Batch, hit: np.ndarray) -> None:
         st = self._stats
-        n_static = int(b.static.sum())
         st["accesses"] += b.values.size
-        st["hits"] += n_static + int(b.counts[hit].sum())
-        static_slots = b.slot_values[b.static]
-        self._static_scratch[static_slots] = True
-        n_static_distinct = int(np.count_nonzero(self._static_scratch))
-        self._static_scratch[static_slots] = False
-        st["distinct"] += n_static_distinct + b.uniq.size
-        st["distinct_hits"] += n_static_distinct + int(hit.sum())
-        T = len(self.tables)
-        st["table_accesses"] += np.bincount(b.table, minlength=T)
+        st["hits"] += b.static_hits + int(b.counts[hit].sum())
+        st["distinct"] += b.static_distinct + b.uniq.size
+        st["distinct_hits"] += b.static_distinct + int(hit.sum())
+        st["table_accesses"] += b.table_accesses
         hit_table = np.searchsorted(self.row_offsets, b.uniq[hit], side="right") - 1
-        st["table_hits"] += np.bincount(b.table[b.static], minlength=T)
-        st["table_hits"] += np.bincount(hit_table, weights=b.counts[hit], minlength=T)
+        st["table_hits"] += b.static_table_hits
+        st["table_hits"] += np.bincount(hit_table, weights=b.counts[hit], minlength=len(self.tables))
 
     def _unprepare(self, b: _Batch) -> None:
         if b.prepared:

@@ -39,7 +39,14 @@ class EvictionPolicy:
             else None
         )
         self.last_use = np.zeros(slots.num_slots, dtype=np.int64) if name == "lru" else None
+        # freq: a slot's dataset count, set when its row is admitted, so choosing victims reads one
+        # array in slot order instead of gathering counts of every resident row from the big table
+        self.slot_count = np.zeros(slots.num_slots, dtype=np.float64) if name == "freq" else None
         self.clock = 0
+
+    def admitted(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        if self.slot_count is not None:
+            self.slot_count[slots] = self.counts[rows]
 
     def observe(self, rows: np.ndarray, hits: np.ndarray, slots: np.ndarray) -> None:
         """A batch requested distinct ``rows`` (``hits`` accesses each), held in ``slots`` (-1: not)."""
@@ -66,7 +73,7 @@ class EvictionPolicy:
             return self.last_use[slots].astype(np.float64)
         if self.name == "lfu":
             return self.observed[rows].astype(np.float64)
-        score = self.counts[rows]
+        score = self.slot_count[slots]
         if self.observed is not None:
             score = score + self.observed[rows]
         return score
