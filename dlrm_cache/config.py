@@ -128,14 +128,14 @@ class PlanConfig:
 class BenchConfig:
     """`dlrm-cache bench`: embedding layer alone (``kind=embedding``) or a DLRM step (``kind=train``)."""
 
-    kind: str = "embedding"  # embedding | train
+    kind: str = "embedding"  # embedding | train | planning
     backends: list[str] = field(default_factory=lambda: ["host", "freq_cache"])
     cache_ratios: list[float] = field(default_factory=lambda: [0.015])
     uvm_algorithms: list[str] = field(default_factory=lambda: ["lru", "lfu"])
     lookahead: int = 2
     num_tables: int = 26
     rows_per_table: int = 20_000  # embedding kind: every table has this many rows
-    cardinality_scale: float = 0.01  # train kind: Criteo-Kaggle cardinalities times this
+    cardinality_scale: float = 0.01  # train/planning kinds: Criteo-Kaggle cardinalities times this
     embedding_dim: int = 128
     batch_size: int = 2048
     zipf_alpha: float = 1.05  # id popularity ~ (rank + 1) ** -alpha

@@ -4,6 +4,8 @@
   ``num_tables`` x ``rows_per_table`` x ``embedding_dim``, power-law ids, fresh batches every step.
 * ``kind=train``: a whole DLRM training step (MLPs, interaction, loss, dense optimizer) with
   Criteo-Kaggle-shaped tables.
+* ``kind=planning``: the freq_cache's host-side work per batch (loader thread / training thread)
+  with Criteo-Kaggle-shaped tables: what has to stay below the device step time.
 
 Every backend runs in the same process on the same batches; results are reported as ms/iter and as
 a ratio against the first baseline present (``hbm``, else ``host``), so figures compare within one
@@ -168,9 +170,52 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     return result
 
 
+def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str, Any]]:
+    """kind=planning: host-side cost of the freq_cache per batch, split by thread.
+
+    ``analyze`` runs in the loader thread, ``prefetch`` (residency, eviction, transfers issued) in
+    the training thread; both must stay below the device's step time for the cache to be free.
+    """
+    from ..embedding.freq_cache import FreqCacheBackend
+
+    keys = [t.name for t in tables]
+    b = cfg.batch_size
+    dense, labels = torch.zeros(b, 13), torch.zeros(b)
+    host = [_batch(ids, keys, b, dense, labels) for ids in batches]
+    results = []
+    for ratio in cfg.cache_ratios:
+        emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
+                               cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead)
+        t_an = t_pre = 0.0
+        for i in range(cfg.warmup + cfg.iters):
+            kjt = host[i % len(host)].sparse
+            t = time.perf_counter()
+            a = emb.analyze(kjt)
+            t1 = time.perf_counter()
+            emb.prefetch(kjt, a)
+            _sync(device)
+            t2 = time.perf_counter()
+            emb.forward(kjt.to(device))
+            emb.step_done()
+            if i == cfg.warmup - 1:
+                emb.stats()
+            if i >= cfg.warmup:
+                t_an, t_pre = t_an + t1 - t, t_pre + t2 - t1
+        stats = emb.stats()
+        r = {"variant": f"freq_cache {ratio:.1%} planning", "analyze_ms": 1000 * t_an / cfg.iters,
+             "prefetch_ms": 1000 * t_pre / cfg.iters, "hit_rate": stats["hit_rate"],
+             "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters, "stats": stats}
+        print(f"  {r['variant']:<28} analyze (loader thread) {r['analyze_ms']:7.2f} ms/batch  "
+              f"prefetch (training thread) {r['prefetch_ms']:7.2f} ms/batch  hit {r['hit_rate']:.4f}  "
+              f"rows loaded/batch {r['rows_loaded_per_batch']:,.0f}", flush=True)
+        results.append(r)
+        del emb
+    return results
+
+
 def bench(cfg: DictConfig) -> list[dict[str, Any]]:
-    if cfg.kind not in ("embedding", "train"):
-        raise ValueError(f"kind={cfg.kind!r}: choose embedding or train")
+    if cfg.kind not in ("embedding", "train", "planning"):
+        raise ValueError(f"kind={cfg.kind!r}: choose embedding, train or planning")
     device = resolve_device(cfg.device)
     if cfg.kind == "embedding":
         sizes = [cfg.rows_per_table] * cfg.num_tables
@@ -184,6 +229,11 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
               for t in tables}
     print(f"dlrm-cache bench kind={cfg.kind} device={device} tables={len(tables)} rows={sum(sizes):,} "
           f"dim={cfg.embedding_dim} batch={cfg.batch_size} zipf_alpha={cfg.zipf_alpha} iters={cfg.iters}")
+    if cfg.kind == "planning":
+        results = planning(cfg, tables, batches, device, counts)
+        if cfg.output:
+            atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+        return results
     results = []
     for v in variants(cfg):
         try:

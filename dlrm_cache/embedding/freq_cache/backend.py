@@ -69,7 +69,6 @@ class _Batch:
     kjt: KeyedJaggedTensor
     values: np.ndarray  # ids (ranks), int64
     lengths: np.ndarray | None  # CPU lengths when the KJT was on the CPU (for matching)
-    table: np.ndarray  # table index of every id
     static: np.ndarray  # bool: id is in its table's static region
     slot_values: np.ndarray  # slot of every id (static ones filled at analysis)
     uniq: np.ndarray  # distinct global rows outside the static region
@@ -79,9 +78,20 @@ class _Batch:
     table_accesses: np.ndarray  # accesses per table
     static_table_hits: np.ndarray  # accesses per table served by the static region
     static_hits: int  # accesses to static rows
-    static_distinct: int  # distinct static rows
+    static_slots: np.ndarray  # distinct static slots it uses
+    dyn_pos: np.ndarray  # positions of the ids outside the static region
+
+    @property
+    def static_distinct(self) -> int:
+        return int(self.static_slots.size)
     prepared: bool = False
     deferred: bool = False
+
+    @property
+    def table(self) -> np.ndarray:
+        """Table index of every id (only the rare overflow path needs it per id)."""
+        return np.repeat(np.arange(self.table_accesses.size), self.table_accesses)
+
     counted: bool = False
     pinned: np.ndarray | None = None  # dynamic slots pinned by this batch (= its uniq rows' slots)
     indices: torch.Tensor | None = None  # slot ids on the device
@@ -235,7 +245,8 @@ class FreqCacheBackend(EmbeddingBackend):
         self._stats["stall_s"] += time.perf_counter() - t0
         batch.train = torch.is_grad_enabled()
         if batch.train:
-            self.slots.dirty[batch.slot_values] = True
+            self.slots.dirty[batch.static_slots] = True
+            self.slots.dirty[batch.pinned] = True
         self.mover.wait_ready(batch.event, batch.indices)
         offsets = features.offsets().to(self.device, dtype=torch.int64, non_blocking=True)
         out = self.tbe(batch.indices, offsets)
@@ -318,7 +329,11 @@ class FreqCacheBackend(EmbeddingBackend):
         )  # fmt: skip
 
     def _analyze(self, kjt: KeyedJaggedTensor) -> _Batch:
-        """Everything about a batch that does not depend on what is resident."""
+        """Everything about a batch that does not depend on what is resident.
+
+        KJT values are feature-major, so each table's ids are one contiguous slice: the work is a
+        few vectorized operations per table, with no per-id table lookups.
+        """
         keys = kjt.keys()
         if list(keys) != self.feature_names:
             raise ValueError(f"freq_cache: batch features {list(keys)} != tables {self.feature_names}")
@@ -326,29 +341,39 @@ class FreqCacheBackend(EmbeddingBackend):
         on_cpu = vals_t.device.type == "cpu"
         values = vals_t.detach().cpu().numpy().astype(np.int64, copy=False)
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
-        table = np.repeat(np.arange(len(self.tables), dtype=np.int64), lpk)
-        limit = (self.row_offsets[1:] - self.row_offsets[:-1])[table]
-        if values.size and (np.any(values < 0) or np.any(values >= limit)):
-            bad = np.flatnonzero((values < 0) | (values >= limit))[0]
-            raise IndexError(
-                f"freq_cache: id {values[bad]} out of range for table {self.feature_names[table[bad]]} "
-                f"({limit[bad]} rows)"
-            )
-        static = values < self.static_rows[table]
+        bounds = np.concatenate([[0], np.cumsum(lpk)])
+        T = len(self.tables)
+        static = np.empty(values.size, dtype=bool)
         slot_values = np.empty(values.size, dtype=np.int64)
-        slot_values[static] = self.static_offsets[table[static]] + values[static]
-        dyn = ~static
-        grow = values[dyn] + self.row_offsets[table[dyn]]
+        grow_parts, static_table_hits = [], np.zeros(T, dtype=np.int64)
+        for t in range(T):
+            lo, hi = bounds[t], bounds[t + 1]
+            if lo == hi:
+                continue
+            v = values[lo:hi]
+            rows = self.row_offsets[t + 1] - self.row_offsets[t]
+            vmin, vmax = v.min(), v.max()
+            if vmin < 0 or vmax >= rows:
+                bad = int(vmin if vmin < 0 else vmax)
+                raise IndexError(
+                    f"freq_cache: id {bad} out of range for table {self.feature_names[t]} ({rows} rows)"
+                )
+            st = v < self.static_rows[t]
+            static[lo:hi] = st
+            slot_values[lo:hi] = v + self.static_offsets[t]  # only the static entries are kept
+            static_table_hits[t] = np.count_nonzero(st)
+            grow_parts.append(v[~st] + self.row_offsets[t])
+        grow = np.concatenate(grow_parts) if grow_parts else np.zeros(0, dtype=np.int64)
         uniq, inverse, counts = np.unique(grow, return_inverse=True, return_counts=True)
         lengths = kjt.lengths().numpy() if on_cpu else None
-        T = len(self.tables)
         static_slots = slot_values[static]
         return _Batch(
-            kjt, values, lengths, table, static, slot_values, uniq, inverse.reshape(-1), counts,
+            kjt, values, lengths, static, slot_values, uniq, inverse.reshape(-1), counts,
             table_accesses=lpk,
-            static_table_hits=np.bincount(table[static], minlength=T),
+            static_table_hits=static_table_hits,
             static_hits=int(static_slots.size),
-            static_distinct=int(np.count_nonzero(np.bincount(static_slots, minlength=1))),
+            static_slots=np.flatnonzero(np.bincount(static_slots, minlength=1)),
+            dyn_pos=np.flatnonzero(~static),
         )
 
     @staticmethod
@@ -388,7 +413,7 @@ class FreqCacheBackend(EmbeddingBackend):
         else:
             self.mover.begin()
         b.pinned = su
-        b.slot_values[~b.static] = su[b.inverse]
+        b.slot_values[b.dyn_pos] = su[b.inverse]
         b.indices = self.mover.to_device(b.slot_values)
         b.event = self.mover.mark_ready()
         b.prepared = True
