@@ -1,0 +1,79 @@
+"""The same equalities on CUDA: freq_cache and uvm_cache against all rows in GPU memory.
+
+Skipped without CUDA (this project's CI has none); run them on the GPU machine with
+`python -m pytest -m gpu`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dlrm_cache.embedding.base import SparseOptim
+from dlrm_cache.embedding.direct import HbmBackend, UvmCacheBackend
+from dlrm_cache.embedding.freq_cache import FreqCacheBackend
+
+from test_freq_cache import assert_tables_equal, make_batch, make_counts, make_tables, random_state
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+GPU_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def train_steps(backend, batches, lookahead: int, seed: int = 0) -> list[torch.Tensor]:
+    """The trainer's protocol: prefetch the host batch `lookahead` ahead, forward its device copy."""
+    g = torch.Generator().manual_seed(seed)
+    outs = []
+    for i in range(min(lookahead, len(batches))):
+        backend.prefetch(batches[i])
+    for i, b in enumerate(batches):
+        if lookahead and i + lookahead < len(batches):
+            backend.prefetch(batches[i + lookahead])
+        out = backend(b.to("cuda")).values()
+        w = torch.randn(out.shape, generator=g).cuda()
+        (out * w).sum().backward()
+        outs.append(out.detach().cpu())
+    torch.cuda.synchronize()
+    return outs
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+@pytest.mark.parametrize("policy", ["freq", "lru"])
+def test_freq_cache_on_gpu_matches_hbm(policy, lookahead):
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    state = random_state(tables, optim)
+    hbm = HbmBackend(tables, optim, device="cuda")
+    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=0.05, policy=policy,
+                             lookahead=lookahead, counts=make_counts(tables) if policy == "freq" else None)
+    hbm.import_tables(state)
+    cache.import_tables(state)
+    rng = np.random.default_rng(1)
+    batches = [make_batch(rng, tables, 256) for _ in range(30)]
+    for a, b in zip(train_steps(hbm, batches, 0), train_steps(cache, batches, lookahead)):
+        torch.testing.assert_close(b, a, **GPU_TOL)
+    s = cache.stats()
+    assert s["evictions"] > 100 and s["rows_written_back"] > 100, s
+    assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)
+
+
+def test_uvm_cache_matches_hbm_and_reports_hits():
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    state = random_state(tables, optim)
+    hbm = HbmBackend(tables, optim, device="cuda")
+    uvm = UvmCacheBackend(tables, optim, device="cuda", cache_ratio=0.05, algorithm="lru")
+    hbm.import_tables(state)
+    uvm.import_tables(state)
+    rng = np.random.default_rng(2)
+    batches = [make_batch(rng, tables, 256) for _ in range(20)]
+    for a, b in zip(train_steps(hbm, batches, 0), train_steps(uvm, batches, 0)):
+        torch.testing.assert_close(b, a, **GPU_TOL)
+    s = uvm.stats()
+    assert 0 < s["hit_rate_distinct"] < 1 and s["rows_loaded"] > 0
+    uvm.flush()
+    assert_tables_equal(uvm.export_tables(), hbm.export_tables(), **GPU_TOL)
+
