@@ -70,8 +70,13 @@ def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> torch.Tens
 
 
 def weights_view(tbe: SplitTableBatchedEmbeddingBagsCodegen, dim: int) -> torch.Tensor:
-    """All rows of all tables as one ``[sum(rows), dim]`` view (tables stacked in order)."""
-    return _flat(tbe, "weights").detach().view(-1, dim)
+    """All rows of all tables as one ``[sum(rows), dim]`` view (tables stacked in order).
+
+    ``.data``, not ``.detach()``: the cache fills and evicts slots while a batch's backward is
+    still pending.  Those slots are never the batch's own (its slots stay pinned until it retires),
+    so the writes must not bump the version counter autograd checks on the saved weights.
+    """
+    return _flat(tbe, "weights").data.view(-1, dim)
 
 
 def momentum_view(
@@ -80,7 +85,7 @@ def momentum_view(
     """Optimizer state as ``[sum(rows)]`` (rowwise) or ``[sum(rows), dim]``; None for SGD."""
     if optim.state_per_row == 0:
         return None
-    flat = _flat(tbe, "momentum1").detach()
+    flat = _flat(tbe, "momentum1").data
     return flat if optim.state_per_row == 1 else flat.view(-1, dim)
 
 

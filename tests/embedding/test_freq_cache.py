@@ -369,3 +369,23 @@ def test_predict_hit_rate():
     assert plan[1]["hit_rate"] == pytest.approx(1.0)
     with pytest.raises(ValueError):
         plan_table({"a": [1]}, [0.0])
+
+
+
+
+def test_deferred_batch_is_not_loaded_while_a_backward_is_pending():
+    """The cache holds two of these batches but not three (disjoint rows, no static region).  At
+    the window's tail no prefetch comes between one batch's backward and the next forward, so a
+    deferred batch must wait: loading it at the end of a forward would overwrite slots (and
+    optimizer state) while that forward's backward is still pending."""
+    tables = [TableSpec("C1", 1000, DIM)]
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.25, policy="lru", lookahead=2, static_fraction=0.0)
+
+    def batch(lo):
+        return KeyedJaggedTensor.from_lengths_sync(["C1"], torch.arange(lo, lo + 100), torch.ones(100, dtype=torch.int64))
+
+    batches = [batch(0), batch(100), batch(200)]
+    run_training(host, cache, batches, lookahead=2)
+    assert cache.stats()["deferred_batches"] > 0
+    assert_tables_equal(cache.export_tables(), host.export_tables())
