@@ -77,13 +77,15 @@ class ShardStream:
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = True,
+        key: str = "data.batch_size",
     ) -> None:
         if split not in manifest.splits:
             raise ValueError(f"{root}: the dataset has no '{split}' split (has {sorted(manifest.splits)})")
-        if batch_size <= 0 or batch_size % world_size:
+        # Training batches split exactly (every rank the same size, so the global batch is the
+        # same for any rank count); evaluation batches may split unevenly.
+        if batch_size <= 0 or (drop_last and batch_size % world_size):
             raise ValueError(
-                f"data.batch_size={batch_size}: must be a positive multiple of the number of ranks "
-                f"({world_size})"
+                f"{key}={batch_size}: must be a positive multiple of the number of ranks ({world_size})"
             )
         self.root = Path(root)
         self.info = manifest.splits[split]
@@ -134,8 +136,6 @@ class ShardStream:
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """This rank's part of global batches ``start, start+1, ...`` of ``epoch``."""
-        per_rank = self.batch_size // self.world_size
-        lo_r = self.rank * per_rank
         skip = start * self.batch_size  # stream rows before the first batch we yield
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         have = 0
@@ -153,16 +153,16 @@ class ShardStream:
             while have >= self.batch_size:
                 (dense, sparse, labels), parts = _take(parts, self.batch_size)
                 have -= self.batch_size
-                yield self._local(dense, sparse, labels, lo_r, per_rank)
+                yield self._local(dense, sparse, labels)
         if have and not self.drop_last:
             (dense, sparse, labels), _ = _take(parts, have)
-            # A short last batch is split as evenly as possible over the ranks.
-            bounds = np.linspace(0, have, self.world_size + 1).astype(int)
-            lo, hi = bounds[self.rank], bounds[self.rank + 1]
-            yield make_batch(dense[lo:hi], sparse[lo:hi], labels[lo:hi], self.keys)
+            yield self._local(dense, sparse, labels)
 
-    def _local(self, dense, sparse, labels, lo: int, n: int) -> Batch:
-        return make_batch(dense[lo : lo + n], sparse[lo : lo + n], labels[lo : lo + n], self.keys)
+    def _local(self, dense, sparse, labels) -> Batch:
+        """This rank's contiguous share of a global batch (as even as possible; may be empty)."""
+        n = len(labels)
+        lo, hi = (n * self.rank) // self.world_size, (n * (self.rank + 1)) // self.world_size
+        return make_batch(dense[lo:hi], sparse[lo:hi], labels[lo:hi], self.keys)
 
 
 def _take(parts, n):

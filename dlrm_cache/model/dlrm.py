@@ -31,6 +31,7 @@ class DLRM(nn.Module):
         num_sparse = len(embeddings.feature_names)
         self.embeddings = embeddings
         self.num_sparse = num_sparse
+        self.embedding_dim = embedding_dim
         # The bottom MLP must end in the embedding dim: its output joins the dot interaction.
         self.dense_arch = DenseArch(num_dense, list(bottom_mlp) + [embedding_dim], device=device)
         self.inter_arch = InteractionArch(num_sparse_features=num_sparse)
@@ -40,7 +41,7 @@ class DLRM(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         embedded_dense = self.dense_arch(dense)
         pooled = self.embeddings(sparse).values()  # [B, F*D], features in order
-        embedded_sparse = pooled.view(pooled.shape[0], self.num_sparse, -1)
+        embedded_sparse = pooled.view(pooled.shape[0], self.num_sparse, self.embedding_dim)
         return self.over_arch(self.inter_arch(embedded_dense, embedded_sparse)).squeeze(-1)
 
     def dense_parameters(self) -> Iterator[nn.Parameter]:

@@ -56,10 +56,16 @@ class ShardedEmbeddings(EmbeddingBackend):
         self._pending: deque[tuple[KeyedJaggedTensor, KeyedJaggedTensor | None, list[int]]] = deque()
 
     # -- ids to their owners -----------------------------------------------------------------
+    def _per_key(self, kjt: KeyedJaggedTensor, b: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """feature -> (ids, lengths) of a batch; works for an empty batch (a rank's share of an
+        uneven last evaluation batch can be zero rows, which KeyedJaggedTensor.to_dict rejects)."""
+        lengths = kjt.lengths().long().view(len(kjt.keys()), b)
+        values = kjt.values().long().split(lengths.sum(1).tolist())
+        return {k: (v, l) for k, v, l in zip(kjt.keys(), values, lengths)}
+
     def _shard_ids(self, per_key, s: Shard) -> tuple[torch.Tensor, torch.Tensor]:
         """(lengths per sample, ids relative to the shard) of this rank's batch for shard ``s``."""
-        jt = per_key[s.table]
-        values, lengths = jt.values().long(), jt.lengths().long()
+        values, lengths = per_key[s.table]
         if (s.lo, s.hi) == (0, s.rows_in_table):
             return lengths, values
         inside = (values >= s.lo) & (values < s.hi)
@@ -72,7 +78,7 @@ class ShardedEmbeddings(EmbeddingBackend):
         sizes_t = [torch.zeros(1, dtype=torch.int64, device=cd) for _ in range(self.world)]
         dist.all_gather(sizes_t, torch.tensor([b], dtype=torch.int64, device=cd))
         batch_sizes = [int(s) for s in sizes_t]  # eval batches may differ by a row between ranks
-        per_key = kjt.to_dict()
+        per_key = self._per_key(kjt, b)
         lengths_out, values_out, val_in = [], [], []
         for shards_r in self.by_rank:
             n_vals = 0
@@ -131,10 +137,10 @@ class ShardedEmbeddings(EmbeddingBackend):
         # Each rank's loss is a mean over its local rows; scaling the returning gradients by 1/W
         # makes the update the one a single process would make for the whole global batch.
         out = _PooledAllToAll.apply(mine, sizes, widths, b, 1.0 / self.world)
-        out = out.view(b, -1, self.dim).index_select(1, self._unpermute)  # [B, shards, D]
+        out = out.view(b, len(self.shards), self.dim).index_select(1, self._unpermute)  # [B, shards, D]
         if self._row_wise:
             out = out.new_zeros(b, len(self.tables), self.dim).index_add(1, self._shard_table, out)
-        return pooled(features, out.reshape(b, -1), self.dim)
+        return pooled(features, out.reshape(b, len(self.tables) * self.dim), self.dim)
 
     def cancel_prefetch(self) -> None:
         self._pending.clear()

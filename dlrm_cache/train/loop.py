@@ -214,7 +214,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     )
     val_stream = ShardStream(
         data_path, manifest, "val", cfg.data.eval_batch_size, False, cfg.seed,
-        info.rank, info.world_size, drop_last=False,
+        info.rank, info.world_size, drop_last=False, key="data.eval_batch_size",
     )
     steps_per_epoch = len(train_stream)
     if steps_per_epoch == 0:
@@ -339,7 +339,8 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
         summary["oracle_auc"] = oracle
     if cfg.test and "test" in manifest.splits:
         test_stream = ShardStream(data_path, manifest, "test", cfg.data.eval_batch_size, False,
-                                  cfg.seed, info.rank, info.world_size, drop_last=False)
+                                  cfg.seed, info.rank, info.world_size, drop_last=False,
+                                  key="data.eval_batch_size")
         test = evaluate(net, test_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
         metrics_log.write("eval", step=step, split="test", **test)
         summary.update({f"test_{k}": v for k, v in test.items()})

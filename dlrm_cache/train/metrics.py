@@ -22,6 +22,8 @@ class EvalMetrics:
         self.count = torch.zeros((), dtype=torch.float64, device=device)
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        if labels.numel() == 0:  # a rank's share of an uneven last batch (torchmetrics rejects it)
+            return
         probs = torch.sigmoid(logits.float())
         self.auroc.update(probs, labels.long())
         self.accuracy.update(probs, labels.long())
