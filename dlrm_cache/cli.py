@@ -6,6 +6,7 @@ here and the rest (overrides, -m, --cfg job, --help, ...) goes to that command's
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -58,6 +59,26 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 }
 
 
+# What bad input raises (with a message naming the file, line or config key): shown as one line.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IndexError)
+
+
+def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
+    """One line on stderr and exit status 1 for bad input; tracebacks stay for real bugs
+    (set DLRM_CACHE_TRACEBACK=1 to see them for bad input too)."""
+
+    def run(cfg: DictConfig) -> None:
+        try:
+            fn(cfg)
+        except USER_ERRORS as e:
+            if os.environ.get("DLRM_CACHE_TRACEBACK"):
+                raise
+            print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
+
+    return run
+
+
 def usage() -> str:
     lines = ["usage: dlrm-cache <command> [hydra overrides ...]", "", "commands:"]
     lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in COMMANDS.items()]
@@ -76,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"dlrm-cache: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
     config_name, fn, _ = COMMANDS[command]
-    app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(fn)
+    app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(_friendly(command, fn))
     sys.argv = [f"dlrm-cache {command}", *argv]
     app()
 

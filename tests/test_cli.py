@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
@@ -87,3 +88,16 @@ def test_wheel_ships_configs(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "HostBackend" in res.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "data.path=/nonexistent/ds"], "/nonexistent/ds/manifest.json: no manifest"),
+    (["preprocess", "input=/nonexistent/raw", "output=/tmp/never"], "input /nonexistent/raw does not exist"),
+    pytest.param(["train", "device=cuda:0"], "device=cuda:0: CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith(f"dlrm-cache {args[0]}: error:"), res.stderr

@@ -73,7 +73,7 @@ _DATA_KEYS = (
 )
 
 
-class PreprocessError(RuntimeError):
+class PreprocessError(ValueError):
     """A one-line, user-facing reason why preprocessing cannot run."""
 
 

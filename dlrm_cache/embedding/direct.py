@@ -144,7 +144,7 @@ class UvmCacheBackend(TbeBackend):
 def _require_cuda(device, name: str) -> torch.device:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError(
+        raise ValueError(
             f"embedding={name} needs a CUDA GPU (device={device}, cuda available: "
             f"{torch.cuda.is_available()}); use embedding=host on machines without one"
         )

@@ -32,7 +32,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device={name}: CUDA is not available on this machine (use device=cpu)")
+            raise ValueError(f"device={name}: CUDA is not available on this machine (use device=cpu)")
         if device.index is None:
             device = torch.device(f"cuda:{local_rank}")
     return device

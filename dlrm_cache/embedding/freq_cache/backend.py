@@ -153,7 +153,7 @@ class FreqCacheBackend(EmbeddingBackend):
             flat_counts = np.concatenate(parts)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(
+            raise ValueError(
                 f"embedding=freq_cache on device={self.device} but CUDA is not available; "
                 "use device=cpu (the cache logic is the same) or embedding=host"
             )
