@@ -30,6 +30,7 @@ class DataConfig:
     batch_size: int = 2048  # global batch size: split across ranks under torchrun
     eval_batch_size: int = 8192
     prefetch_batches: int = 4  # batches decoded ahead by the background reader thread
+    analysis_threads: int = 2  # threads for the embedding cache's per-batch work in the loader
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 

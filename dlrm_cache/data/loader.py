@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,38 +184,66 @@ def _take(parts, n):
 
 
 class Prefetcher:
-    """Runs an iterator in a background thread, ``depth`` items ahead (decode overlaps training)."""
+    """Runs an iterator in a background thread, ``depth`` items ahead (decode overlaps training).
+
+    ``transform`` (the embedding cache's per-batch analysis) runs on ``workers`` threads, items
+    still coming out in order: numpy releases the GIL, so at large batches this keeps the loader
+    ahead of a fast device.
+    """
 
     _END = object()
 
     def __init__(
-        self, it: Iterator, depth: int = 4, pin: bool = False, transform: Callable | None = None
+        self,
+        it: Iterator,
+        depth: int = 4,
+        pin: bool = False,
+        transform: Callable | None = None,
+        workers: int = 1,
     ) -> None:
         self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._pin = pin
         self._transform = transform
+        self._workers = max(1, workers)
         self._thread = threading.Thread(target=self._run, args=(it,), daemon=True)
         self._thread.start()
 
+    def _finish(self, item):
+        if self._transform is not None:
+            item = self._transform(item)
+        return item.pin_memory() if self._pin else item
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _run(self, it: Iterator) -> None:
+        pool = ThreadPoolExecutor(self._workers) if self._workers > 1 else None
+        pending: deque = deque()
         try:
             for item in it:
-                if self._transform is not None:
-                    item = self._transform(item)
-                if self._pin:
-                    item = item.pin_memory()
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if pool is None:
+                    if not self._put(self._finish(item)):
+                        return
+                    continue
+                pending.append(pool.submit(self._finish, item))
+                if len(pending) >= self._workers and not self._put(pending.popleft().result()):
+                    return
+            while pending:
+                if not self._put(pending.popleft().result()):
                     return
             self._q.put(self._END)
         except BaseException as e:  # surfaced in the consumer, with its traceback
             self._q.put(e)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def __iter__(self) -> "Prefetcher":
         return self

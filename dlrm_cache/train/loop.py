@@ -280,7 +280,8 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     while step < total_steps:
         epoch, start = divmod(step, steps_per_epoch)
         reader = Prefetcher(train_stream.batches(epoch, start), cfg.data.prefetch_batches,
-                            pin=device.type == "cuda", transform=analyze_in_loader(embeddings, lookahead))
+                            pin=device.type == "cuda", transform=analyze_in_loader(embeddings, lookahead),
+                            workers=cfg.data.analysis_threads)
         try:
             t0 = time.perf_counter()
             for batch in lookahead_window(reader, embeddings, lookahead, device):
