@@ -61,6 +61,8 @@ class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
     warmup_steps: int = 0  # linear warm-up of both learning rates
+    decay_start: int = 0  # step where the polynomial (power 2) decay to 0 starts (MLPerf DLRM schedule)
+    decay_steps: int = 0  # steps the decay takes (0: no decay)
 
 
 # --------------------------------------------------------------------------- embedding backends

@@ -99,12 +99,17 @@ def build_dense_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:
     raise ValueError(f"optim.dense.name={o.name!r}: choose one of {sorted(DENSE_OPTIMIZERS)}")
 
 
-def lr_scale(step: int, warmup_steps: int) -> float:
-    return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+def lr_scale(step: int, warmup_steps: int, decay_start: int = 0, decay_steps: int = 0) -> float:
+    """Linear warm-up, constant, then polynomial decay to zero (MLPerf DLRM's schedule)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay_steps > 0 and step >= decay_start:
+        return max(0.0, 1.0 - (step - decay_start) / decay_steps) ** 2
+    return 1.0
 
 
 def set_learning_rates(model: DLRM, opt: torch.optim.Optimizer, cfg: DictConfig, step: int) -> None:
-    scale = lr_scale(step, cfg.optim.warmup_steps)
+    scale = lr_scale(step, cfg.optim.warmup_steps, cfg.optim.decay_start, cfg.optim.decay_steps)
     for group in opt.param_groups:
         group["lr"] = cfg.optim.dense.lr * scale
     model.embeddings.set_learning_rate(cfg.optim.sparse.lr * scale)

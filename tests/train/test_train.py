@@ -105,3 +105,23 @@ def test_cli_multirun_sweep(small_dataset: Path, tmp_path: Path):
            for p in summaries for l in (p.parent / "metrics.jsonl").read_text().splitlines()
            if json.loads(l)["kind"] == "start"]
     assert lrs == [0.05, 0.2]
+
+
+def test_lr_schedule_warmup_then_polynomial_decay():
+    from dlrm_cache.train.loop import lr_scale
+
+    assert [lr_scale(s, 4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert lr_scale(9, 4, decay_start=10, decay_steps=10) == 1.0
+    assert lr_scale(15, 4, decay_start=10, decay_steps=10) == pytest.approx(0.25)
+    assert lr_scale(25, 4, decay_start=10, decay_steps=10) == 0.0
+
+
+def test_resume_is_exact_with_a_schedule(small_dataset: Path, tmp_path: Path):
+    sched = ["optim.warmup_steps=5", "optim.decay_start=10", "optim.decay_steps=15"]
+    straight, first = tmp_path / "straight", tmp_path / "first"
+    train(compose_train(base_overrides(small_dataset, straight) + sched + ["max_steps=20"]))
+    train(compose_train(base_overrides(small_dataset, first) + sched + ["max_steps=12"]))
+    train(compose_train(base_overrides(small_dataset, tmp_path / "r") + sched + ["max_steps=20", f"resume={first}"]))
+    a, b = _params(straight / "checkpoints" / "step_00000020"), _params(tmp_path / "r" / "checkpoints" / "step_00000020")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
