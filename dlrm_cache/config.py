@@ -136,6 +136,7 @@ class BenchConfig:
     cache_ratios: list[float] = field(default_factory=lambda: [0.015])
     uvm_algorithms: list[str] = field(default_factory=lambda: ["lru", "lfu"])
     lookahead: int = 2
+    policy: str = "freq"  # freq_cache eviction policy
     num_tables: int = 26
     rows_per_table: int = 20_000  # embedding kind: every table has this many rows
     cardinality_scale: float = 0.01  # train/planning kinds: Criteo-Kaggle cardinalities times this

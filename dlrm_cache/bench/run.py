@@ -60,7 +60,8 @@ def variants(cfg: DictConfig) -> list[Variant]:
                     out.append(Variant(f"uvm_cache {algo} {r:.1%}", name, {"cache_ratio": r, "algorithm": algo}))
         elif name == "freq_cache":
             for r in cfg.cache_ratios:
-                out.append(Variant(f"freq_cache {r:.1%}", name, {"cache_ratio": r, "lookahead": cfg.lookahead}))
+                out.append(Variant(f"freq_cache {r:.1%}", name,
+                                   {"cache_ratio": r, "lookahead": cfg.lookahead, "policy": cfg.policy}))
         else:
             out.append(Variant(name, name, {}))
     return out
@@ -185,7 +186,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     results = []
     for ratio in cfg.cache_ratios:
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
-                               cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead)
+                               cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead, policy=cfg.policy)
         t_an = t_pre = 0.0
         for i in range(cfg.warmup + cfg.iters):
             kjt = host[i % len(host)].sparse
@@ -202,7 +203,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
             if i >= cfg.warmup:
                 t_an, t_pre = t_an + t1 - t, t_pre + t2 - t1
         stats = emb.stats()
-        r = {"variant": f"freq_cache {ratio:.1%} planning", "analyze_ms": 1000 * t_an / cfg.iters,
+        r = {"variant": f"freq_cache {ratio:.1%} {cfg.policy} planning", "analyze_ms": 1000 * t_an / cfg.iters,
              "prefetch_ms": 1000 * t_pre / cfg.iters, "hit_rate": stats["hit_rate"],
              "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters, "stats": stats}
         print(f"  {r['variant']:<28} analyze (loader thread) {r['analyze_ms']:7.2f} ms/batch  "

@@ -38,23 +38,32 @@ class EvictionPolicy:
             if name == "lfu" or (name == "freq" and refresh_counts)
             else None
         )
-        self.last_use = np.zeros(slots.num_slots, dtype=np.int64) if name == "lru" else None
-        # freq: a slot's dataset count, set when its row is admitted, so choosing victims reads one
-        # array in slot order instead of gathering counts of every resident row from the big table
-        self.slot_count = np.zeros(slots.num_slots, dtype=np.float64) if name == "freq" else None
+        # Each slot's current score, kept up to date as rows are admitted and requested, so that
+        # choosing victims is one masked argpartition over this array (no per-candidate gathers
+        # from the big per-row arrays).  Empty slots stay at -inf: filled first.
+        self.slot_score = np.full(slots.num_slots, -np.inf)
         self.clock = 0
 
+    def _row_score(self, rows: np.ndarray) -> np.ndarray:
+        if self.name == "lru":
+            return np.full(rows.size, float(self.clock))
+        score = self.observed[rows].astype(np.float64) if self.observed is not None else 0.0
+        if self.name == "freq":
+            score = score + self.counts[rows]
+        return np.broadcast_to(score, rows.shape)
+
     def admitted(self, slots: np.ndarray, rows: np.ndarray) -> None:
-        if self.slot_count is not None:
-            self.slot_count[slots] = self.counts[rows]
+        """``rows`` now live in ``slots``."""
+        self.slot_score[slots] = self._row_score(rows)
 
     def observe(self, rows: np.ndarray, hits: np.ndarray, slots: np.ndarray) -> None:
         """A batch requested distinct ``rows`` (``hits`` accesses each), held in ``slots`` (-1: not)."""
         self.clock += 1
         if self.observed is not None:
             self.observed[rows] += hits
-        if self.last_use is not None:
-            self.last_use[slots[slots >= 0]] = self.clock
+        if self.name != "freq" or self.observed is not None:  # plain freq scores never change
+            held = slots >= 0
+            self.slot_score[slots[held]] = self._row_score(rows[held])
 
     def admit_first(self, rows: np.ndarray, k: int) -> np.ndarray:
         """The ``k`` of ``rows`` most worth caching (when not all of them fit)."""
@@ -67,17 +76,6 @@ class EvictionPolicy:
             score = score + self.counts[rows]
         return rows[np.argpartition(-score, k - 1)[:k]]
 
-    def _scores(self, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """Eviction scores of occupied ``slots`` holding ``rows`` (lower goes first)."""
-        if self.name == "lru":
-            return self.last_use[slots].astype(np.float64)
-        if self.name == "lfu":
-            return self.observed[rows].astype(np.float64)
-        score = self.slot_count[slots]
-        if self.observed is not None:
-            score = score + self.observed[rows]
-        return score
-
     def choose(self, k: int) -> np.ndarray | None:
         """``k`` unpinned dynamic slots to (re)fill, or None when fewer than ``k`` are free."""
         s = self.slots
@@ -88,14 +86,14 @@ class EvictionPolicy:
             return None
         if k == free:
             return np.flatnonzero(unpinned) + s.num_static
-        rows = s.slot_row[dyn]
-        empty = rows < 0  # never pinned
+        empty = s.slot_row[dyn] < 0  # never pinned
         n_empty = int(np.count_nonzero(empty))
         if n_empty >= k:
             return np.flatnonzero(empty)[:k] + s.num_static
-        # All empty slots, plus the k - n_empty lowest-scored occupied unpinned slots.
+        # All empty slots, plus the k - n_empty lowest-scored occupied unpinned ones.  Only those
+        # candidates enter argpartition: pinned slots as +inf ties make it much slower.
         cand = np.flatnonzero(unpinned & ~empty)
         need = k - n_empty
-        score = self._scores(rows[cand], cand + s.num_static)
+        score = self.slot_score[cand + s.num_static]
         pick = cand[np.argpartition(score, need - 1)[:need]] if need < cand.size else cand
         return np.concatenate([np.flatnonzero(empty), pick]) + s.num_static
