@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from .data.format import Manifest, atomic_write_text
 from .data.stats import load_counts
+from .embedding.base import SparseOptim
 from .embedding.freq_cache.plan import plan_table
 from .train.metrics import format_table
 
@@ -19,7 +20,7 @@ def plan(cfg: DictConfig) -> list[dict]:
     manifest = Manifest.load(data)
     counts = load_counts(data)
     rows = plan_table(counts, list(cfg.ratios))
-    bytes_per_row = 4 * (cfg.embedding_dim + 1)  # fp32 row + rowwise-Adagrad state
+    bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(cfg.embedding_dim)
     total_rows = sum(manifest.table_sizes)
     print(f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
           f"{total_rows * bytes_per_row / 2**20:,.1f} MiB of rows+state at dim {cfg.embedding_dim})")

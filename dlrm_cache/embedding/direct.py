@@ -129,7 +129,7 @@ class UvmCacheBackend(TbeBackend):
         self.tbe.reset_uvm_cache_stats()
         # UVMCacheStatsIndex: calls, requested, unique, unique misses, conflict unique, conflict misses
         unique, misses = s[2], s[3]
-        rb = 4 * (self.dim + max(self.optim.state_per_row, 0))
+        rb = self.optim.row_bytes(self.dim)
         return {
             "hit_rate_distinct": 1.0 - misses / unique if unique else 0.0,
             "distinct_ids": float(unique),

@@ -79,11 +79,6 @@ class Placement:
         return "\n".join(lines)
 
 
-def host_bytes_per_row(dim: int, optim: SparseOptim) -> int:
-    state = {0: 0, 1: 1, -1: dim}[optim.state_per_row]
-    return 4 * (dim + state)
-
-
 def split_table(t: TableSpec, pieces: int) -> list[Shard]:
     bounds = np.linspace(0, t.num_rows, pieces + 1).round().astype(int)
     return [Shard(t.name, int(a), int(b), t.num_rows) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
@@ -105,7 +100,7 @@ def plan_placement(
     ratio).  Without a cache (``cache_ratio`` None) every lookup is a hit.  A table larger than
     one rank's budget (or than ``shard_rows_above`` rows, when set) is split into row ranges.
     """
-    per_row = host_bytes_per_row(tables[0].dim, optim)
+    per_row = optim.row_bytes(tables[0].dim)
     need_total = sum(t.num_rows for t in tables) * per_row
     if need_total > world * host_budget_bytes:
         raise ValueError(

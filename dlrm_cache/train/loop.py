@@ -23,7 +23,7 @@ from ..data.loader import Batch, Prefetcher, ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
-from ..parallel.plan import Shard, available_host_bytes, host_bytes_per_row, plan_placement
+from ..parallel.plan import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
@@ -77,7 +77,7 @@ def build_embeddings(
                                counts, cfg.shard_rows_above)
     if info.is_main:
         log.info("embedding placement (%d ranks):\n%s", info.world_size,
-                 placement.table(info.world_size, host_bytes_per_row(cfg.model.embedding_dim, optim)))
+                 placement.table(info.world_size, optim.row_bytes(cfg.model.embedding_dim)))
     sharded = ShardedEmbeddings(tables, optim, placement.shards, make, device)
     # the same initial rows as one process would have: whole tables from their seed, then sliced
     by_name, state = {t.name: t for t in tables}, {}

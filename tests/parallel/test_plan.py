@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 
 from dlrm_cache.embedding.base import SparseOptim, TableSpec
-from dlrm_cache.parallel.plan import host_bytes_per_row, parse_key, plan_placement, shard_name
+from dlrm_cache.parallel.plan import parse_key, plan_placement, shard_name
 
 OPT = SparseOptim("rowwise_adagrad")
 
 
 def test_too_big_table_is_split_row_wise_within_budget():
     tables = [TableSpec("C1", 1000, 8), TableSpec("C2", 10, 8)]
-    per_row = host_bytes_per_row(8, OPT)  # 36 bytes
+    per_row = OPT.row_bytes(8)
+    assert per_row == 36  # 8 floats + 1 rowwise state
     p = plan_placement(tables, world=4, optim=OPT, host_budget_bytes=300 * per_row)
     c1 = sorted((s.lo, s.hi) for s in p.shards if s.table == "C1")
     assert len(c1) == 4 and c1[0][0] == 0 and c1[-1][1] == 1000
@@ -34,7 +35,7 @@ def test_load_balance_uses_frequency_stats():
     owner = {s.table: s.rank for s in p.shards}
     assert owner["C1"] != owner["C2"]
     assert p.hit_rate["C3"] > 0.5 > p.hit_rate["C1"]
-    assert "exp. hit" in p.table(2, host_bytes_per_row(8, OPT))
+    assert "exp. hit" in p.table(2, OPT.row_bytes(8))
 
 
 def test_not_enough_ranks_is_a_clear_error():

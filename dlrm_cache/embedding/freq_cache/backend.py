@@ -175,8 +175,7 @@ class FreqCacheBackend(EmbeddingBackend):
             static_rows = np.floor(static_fraction * cache_rows).astype(np.int64)
             num_static = int(static_rows.sum())
         self.cache_rows_per_table = cache_rows
-        optim_floats = {0: 0, 1: 1, -1: self.dim}[optim.state_per_row]
-        self.cache_bytes = num_slots * 4 * (self.dim + optim_floats)
+        self.cache_bytes = num_slots * optim.row_bytes(self.dim)
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
             if self.cache_bytes > free:
@@ -301,7 +300,7 @@ class FreqCacheBackend(EmbeddingBackend):
             out[f"hit_rate/{t.name}"] = float(s["table_hits"][i] / a) if a else 0.0
         out["accesses"] = float(acc)
         out["distinct_ids"] = float(dist)
-        rb = self.store.row_bytes
+        rb = self.optim.row_bytes(self.dim)
         out["rows_loaded"] = float(s["rows_loaded"])
         out["bytes_loaded"] = float(s["rows_loaded"] * rb)
         out["rows_written_back"] = float(s["rows_written_back"])

@@ -33,12 +33,6 @@ class HostStore:
             shape = (self.num_rows,) if spr == 1 else (self.num_rows, dim)
             self.momentum = torch.zeros(shape, dtype=torch.float32, pin_memory=pin)
 
-    @property
-    def row_bytes(self) -> int:
-        """Bytes moved per row: weight plus optimizer state."""
-        m = 0 if self.momentum is None else (4 if self.momentum.dim() == 1 else 4 * self.dim)
-        return 4 * self.dim + m
-
     def table_slice(self, i: int) -> slice:
         return slice(int(self.row_offsets[i]), int(self.row_offsets[i + 1]))
 
