@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 SCHEMA_VERSION = 1
 NUM_DENSE = 13
@@ -85,16 +87,29 @@ class Manifest:
         return cls(**raw)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a file under a temporary name in the same directory, then rename it into place."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Open a temporary file beside ``path``; on success it is renamed into place (readers never
+    see a half-written file), on failure removed.  Permissions follow the umask like open()'s."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these files are meant to be shared
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

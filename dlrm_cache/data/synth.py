@@ -27,9 +27,7 @@ import gzip
 import io
 import json
 import math
-import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +49,7 @@ from .format import (
     NUM_DENSE,
     NUM_SPARSE,
     SPARSE_NAMES,
+    atomic_file,
     atomic_write_text,
 )
 
@@ -254,20 +253,13 @@ def _file_name(i: int, gz: bool) -> str:
 
 @contextmanager
 def _atomic_output(path: Path, gz: bool) -> Iterator[BinaryIO]:
-    """Write under a temporary name in the same directory, rename into place on success."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if gz:  # mtime=0 and no file name in the header: byte-identical across runs
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as f:
-                    yield f  # type: ignore[misc]
-            else:
-                yield raw
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """An atomically written day file, gzip-compressed when ``gz``."""
+    with atomic_file(path, "wb") as raw:
+        if gz:  # mtime=0 and no file name in the header: byte-identical across runs
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as f:
+                yield f  # type: ignore[misc]
+        else:
+            yield raw
 
 
 def _up_to_date(out: Path, settings: dict[str, Any]) -> bool:
@@ -316,12 +308,6 @@ def _ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: list, ahead: int
             yield pending.popleft().result()
     while pending:
         yield pending.popleft().result()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def synth(cfg: SynthConfig | Any) -> Path:
