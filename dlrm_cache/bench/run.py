@@ -27,11 +27,10 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
-from ..data.loader import Batch
+from ..data.loader import Batch, Prefetcher, make_batch
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
-from ..data.loader import Prefetcher
 from ..train.loop import analyze_in_loader, lookahead_window
 
 TARGETS = {
@@ -73,25 +72,15 @@ def zipf_probabilities(rows: int, alpha: float) -> np.ndarray:
     return p / p.sum()
 
 
-def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: int) -> list[torch.Tensor]:
-    """``n`` batches of ids, each [T*B] feature-major int64 (one id per sample and table)."""
+def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """``n`` batches of ids, each [B, T] int64 (one id per sample and table, as in the shards)."""
     rng = np.random.default_rng(seed)
     cdfs = {rows: np.cumsum(zipf_probabilities(rows, alpha)) for rows in set(table_rows)}
     out = []
     for _ in range(n):
         ids = [np.minimum(np.searchsorted(cdfs[r], rng.random(batch)), r - 1) for r in table_rows]
-        out.append(torch.from_numpy(np.concatenate(ids).astype(np.int64)))
+        out.append(np.stack(ids, axis=1).astype(np.int64))
     return out
-
-
-def _batch(ids: torch.Tensor, keys: list[str], b: int, dense: torch.Tensor, labels: torch.Tensor) -> Batch:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    n = ids.numel()
-    kjt = KeyedJaggedTensor(keys=keys, values=ids, lengths=torch.ones(n, dtype=torch.int32),
-                            offsets=torch.arange(n + 1, dtype=torch.int32), stride=b,
-                            length_per_key=[b] * len(keys), offset_per_key=[b * i for i in range(len(keys) + 1)])
-    return Batch(dense, kjt, labels)
 
 
 def _copy(b: Batch) -> Batch:
@@ -141,7 +130,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
             emb(batch.sparse).values().backward(grad)
 
     pin = device.type == "cuda"
-    host_batches = [_batch(ids, keys, b, dense, labels) for ids in batches]
+    host_batches = [make_batch(dense.numpy(), ids, labels.numpy(), keys) for ids in batches]
     if pin:
         host_batches = [hb.pin_memory() for hb in host_batches]
     total = cfg.warmup + cfg.iters
@@ -181,8 +170,8 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
 
     keys = [t.name for t in tables]
     b = cfg.batch_size
-    dense, labels = torch.zeros(b, 13), torch.zeros(b)
-    host = [_batch(ids, keys, b, dense, labels) for ids in batches]
+    dense, labels = np.zeros((b, 13), np.float32), np.zeros(b, np.float32)
+    host = [make_batch(dense, ids, labels, keys) for ids in batches]
     results = []
     for ratio in cfg.cache_ratios:
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,

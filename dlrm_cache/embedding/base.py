@@ -132,6 +132,14 @@ class EmbeddingBackend(nn.Module):
         return keys
 
 
+def shared_dim(tables: list[TableSpec], backend: str) -> int:
+    """The one embedding dim of ``tables`` (fbgemm's stacked buffers need it)."""
+    dims = {t.dim for t in tables}
+    if len(dims) != 1:
+        raise ValueError(f"embedding={backend}: all tables must share one embedding dim, got {sorted(dims)}")
+    return dims.pop()
+
+
 def initial_state(tables: list[TableSpec], optim: SparseOptim, seed: int) -> dict[str, torch.Tensor]:
     """Deterministic initial rows per table (uniform in +-1/sqrt(rows), like torchrec), zero state.
 

@@ -10,12 +10,13 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from .base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from .base import EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim
 from .tbe import CACHE_ALGORITHMS, make_tbe, momentum_view, weights_view
 
 
 class TbeBackend(EmbeddingBackend):
     location: EmbeddingLocation = EmbeddingLocation.HOST
+    config_name = "host"  # the embedding= option that selects it (for messages)
 
     def __init__(
         self,
@@ -25,10 +26,7 @@ class TbeBackend(EmbeddingBackend):
         **tbe_kwargs,
     ) -> None:
         super().__init__(tables, optim)
-        dims = {t.dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(f"all tables must share one embedding dim, got {sorted(dims)}")
-        self.dim = dims.pop()
+        self.dim = shared_dim(tables, self.config_name)
         self.device = torch.device(device)
         # Not a registered submodule: its fused parameters must stay out of the dense optimizer,
         # and checkpoints go through export_tables() so they do not depend on the placement.
@@ -87,6 +85,7 @@ class HbmBackend(TbeBackend):
     """All rows in GPU memory: the speed the caches are measured against."""
 
     location = EmbeddingLocation.DEVICE
+    config_name = "hbm"
 
     def __init__(self, tables, optim, device="cuda", **kw):
         super().__init__(tables, optim, _require_cuda(device, "hbm"), **kw)
@@ -96,6 +95,7 @@ class UvmCacheBackend(TbeBackend):
     """fbgemm's own set-associative cache over host memory (torchrec's FUSED_UVM_CACHING kernel)."""
 
     location = EmbeddingLocation.MANAGED_CACHING
+    config_name = "uvm_cache"
 
     def __init__(
         self,

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from ..base import EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
 from .policy import POLICIES, EvictionPolicy
@@ -115,10 +115,7 @@ class FreqCacheBackend(EmbeddingBackend):
     ) -> None:
         super().__init__(tables, optim)
         # ---- validation: everything before a byte is allocated
-        dims = {t.dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(f"embedding=freq_cache needs one embedding dim for all tables, got {sorted(dims)}")
-        self.dim = dims.pop()
+        self.dim = shared_dim(tables, "freq_cache")
         if not (isinstance(cache_ratio, (int, float)) and 0 < cache_ratio <= 1):
             raise ValueError(f"embedding.cache_ratio={cache_ratio!r}: must be in (0, 1]")
         if policy not in POLICIES:
