@@ -80,10 +80,13 @@ def build_embeddings(
                  placement.table(info.world_size, optim.row_bytes(cfg.model.embedding_dim)))
     sharded = ShardedEmbeddings(tables, optim, placement.shards, make, device)
     # the same initial rows as one process would have: whole tables from their seed, then sliced
-    by_name, state = {t.name: t for t in tables}, {}
-    for s in placement.owned_by(info.rank):
-        full = initial_state([by_name[s.table]], optim, cfg.seed)
-        state.update({f"{s.name}.{k.split('.', 1)[1]}": v[s.lo : s.hi] for k, v in full.items()})
+    mine = placement.owned_by(info.rank)
+    full = initial_state([t for t in tables if any(s.table == t.name for s in mine)], optim, cfg.seed)
+    state = {}
+    for s in mine:
+        for field in ("weight", "momentum1"):
+            if f"{s.table}.{field}" in full:
+                state[f"{s.name}.{field}"] = full[f"{s.table}.{field}"][s.lo : s.hi]
     sharded.import_tables(state)
     return sharded
 
