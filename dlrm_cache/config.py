@@ -92,6 +92,7 @@ class FreqCacheEmbeddingConfig:
     refresh_counts: bool = False  # freq policy: add observed counts to the dataset counts
     lookahead: int = 2  # batches whose rows are fetched ahead (0 = synchronous)
     static_fraction: float = 0.5  # share of the cache pinned to the hottest rows (never evicted)
+    row_map: str = "auto"  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row) | auto
 
 
 # --------------------------------------------------------------------------- commands

@@ -102,14 +102,18 @@ POLICIES = ["freq", "lfu", "lru"]
 
 
 # ------------------------------------------------------------------------------------- 1. equality
+@pytest.mark.parametrize("row_map", ["dense", "sorted"])
 @pytest.mark.parametrize("lookahead", [0, 3])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("opt_name", OPTIMS)
-def test_training_matches_host(opt_name, policy, lookahead):
+def test_training_matches_host(opt_name, policy, lookahead, row_map):
+    """``sorted`` is the GPU's row map (device memory scales with the cache): checked here too."""
     tables = make_tables()
     optim = SparseOptim(opt_name, lr=0.1)
     counts = make_counts(tables) if policy == "freq" else None
-    host, cache = pair(tables, optim, cache_ratio=0.05, policy=policy, lookahead=lookahead, counts=counts)
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy=policy, lookahead=lookahead, counts=counts,
+                       row_map=row_map)
+    assert cache.slots.row_map == row_map
     rng = np.random.default_rng(1)
     batches = [make_batch(rng, tables, 128) for _ in range(32)]
     run_training(host, cache, batches, lookahead, eval_every=10, rng=rng)
@@ -181,12 +185,12 @@ def test_prefetch_host_batch_forward_device_copy_is_matched():
 
 
 # ------------------------------------------------------------------------------------- 2. overflow
-@pytest.mark.parametrize("lookahead", [0, 2])
-def test_batch_larger_than_cache_is_served_correctly(lookahead):
+@pytest.mark.parametrize("lookahead, row_map", [(0, "dense"), (2, "dense"), (2, "sorted")])
+def test_batch_larger_than_cache_is_served_correctly(lookahead, row_map):
     tables = make_tables([400, 800, 300])
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     # 2% of 1500 rows = 31 slots, 15 dynamic: a 128-sample batch needs far more distinct rows.
-    host, cache = pair(tables, optim, cache_ratio=0.02, policy="lru", lookahead=lookahead)
+    host, cache = pair(tables, optim, cache_ratio=0.02, policy="lru", lookahead=lookahead, row_map=row_map)
     rng = np.random.default_rng(5)
     small = [make_batch(rng, tables, 2, multi_hot=set()) for _ in range(4)]
     big = [make_batch(rng, tables, 128, a=0.5) for _ in range(3)]
@@ -201,13 +205,14 @@ def test_batch_larger_than_cache_is_served_correctly(lookahead):
     assert_tables_equal(cache.export_tables(), host.export_tables())
 
 
-def test_window_too_large_is_deferred_not_crashed():
+@pytest.mark.parametrize("row_map", ["dense", "sorted"])
+def test_window_too_large_is_deferred_not_crashed(row_map):
     tables = make_tables([3000, 3000])
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     # 120 slots, 60 dynamic: one batch (~30-40 cold rows) fits, a window of 4 does not.
     host, cache = pair(
         tables, optim, cache_ratio=0.02, policy="freq", lookahead=4, counts=make_counts(tables),
-        static_fraction=0.5,
+        static_fraction=0.5, row_map=row_map,
     )
     rng = np.random.default_rng(6)
     batches = [make_batch(rng, tables, 24, a=0.6, multi_hot=set()) for _ in range(16)]
@@ -229,6 +234,7 @@ def test_window_too_large_is_deferred_not_crashed():
         (dict(policy="freq", counts=None), "embedding.policy"),
         (dict(static_fraction=1.5), "embedding.static_fraction"),
         (dict(lookahead=-1), "embedding.lookahead"),
+        (dict(row_map="hash"), "embedding.row_map"),
     ],
 )
 def test_bad_config_is_a_clear_error(kwargs, key):

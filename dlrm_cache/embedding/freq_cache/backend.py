@@ -82,7 +82,7 @@ class _Batch:
     table: torch.Tensor  # table index of every id
     table_accesses: np.ndarray  # accesses per table (host)
     slot_values: torch.Tensor  # slot of every id (static ones filled at analysis)
-    static_slots: torch.Tensor  # slots of the static ids (with repeats)
+    static_seen: torch.Tensor  # bool per static slot: used by this batch
     dyn_pos: torch.Tensor  # positions of the ids outside the static region
     uniq: torch.Tensor  # distinct global rows outside the static region (sorted)
     inverse: torch.Tensor  # position in uniq of every non-static id
@@ -114,6 +114,7 @@ class FreqCacheBackend(EmbeddingBackend):
         lookahead: int = 2,
         static_fraction: float = 0.5,
         counts: dict[str, Any] | None = None,
+        row_map: str = "auto",
     ) -> None:
         super().__init__(tables, optim)
         # ---- validation: everything before a byte is allocated
@@ -126,6 +127,8 @@ class FreqCacheBackend(EmbeddingBackend):
             raise ValueError(f"embedding.static_fraction={static_fraction!r}: must be in [0, 1]")
         if int(lookahead) != lookahead or lookahead < 0:
             raise ValueError(f"embedding.lookahead={lookahead!r}: must be an integer >= 0")
+        if row_map not in ("auto", "sorted", "dense"):
+            raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
         if policy == "freq" and counts is None:
             raise ValueError(
                 "embedding.policy='freq' ranks rows by their dataset access counts, but no counts "
@@ -198,7 +201,7 @@ class FreqCacheBackend(EmbeddingBackend):
         self._t_static_rows = torch.from_numpy(self.static_rows).to(dev)
         self._t_static_off = torch.from_numpy(self.static_offsets).to(dev)
         self._t_index = torch.arange(len(tables), device=dev)
-        self.slots = SlotTable(num_slots, num_static, dev)
+        self.slots = SlotTable(num_slots, num_static, dev, self.store.num_rows, row_map)
         self.policy = EvictionPolicy(policy, self.slots, self.store)
         self._lr = optim.lr
         object.__setattr__(
@@ -300,6 +303,7 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def stats(self) -> dict[str, float]:
         s = self._stats
+        self.mover.use_on_compute()  # the counters are updated on the plan stream
         dev = {k: v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v for k, v in s.items()}
         table_hits = s["table_hits"].cpu().numpy()
         out: dict[str, float] = {}
@@ -374,15 +378,15 @@ class FreqCacheBackend(EmbeddingBackend):
             dyn_pos = torch.nonzero(~static).squeeze(1)
             grow = v[dyn_pos] + self._t_row_off[table[dyn_pos]]
             uniq, inverse, counts = torch.unique(grow, sorted=True, return_inverse=True, return_counts=True)
-            static_slots = slot_values[static]
-            seen = torch.zeros(max(1, self.slots.num_static), dtype=torch.bool, device=self.device)
-            seen[static_slots] = True
+            # which static slots the batch uses (a bincount: no boolean gather of the ~90% static ids)
+            ns = self.slots.num_static
+            seen = torch.bincount(torch.where(static, slot_values, ns), minlength=ns + 1)[:ns] > 0
             T = len(self.tables)
             static_table_hits = torch.zeros(T, dtype=torch.int64, device=self.device)
             static_table_hits.index_add_(0, table, static.long())
             uniq_table = torch.searchsorted(self._t_row_off, uniq, right=True) - 1
         return _Batch(
-            kjt, v, table, lpk, slot_values, static_slots, dyn_pos, uniq, inverse, counts, uniq_table,
+            kjt, v, table, lpk, slot_values, seen, dyn_pos, uniq, inverse, counts, uniq_table,
             static_hits=torch.count_nonzero(static),
             static_distinct=torch.count_nonzero(seen),
             static_table_hits=static_table_hits,
@@ -410,7 +414,8 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def _mark_dirty(self, b: _Batch) -> None:
         with self.mover.planning():
-            self.slots.dirty[b.static_slots] = True
+            ns = self.slots.num_static
+            self.slots.dirty[:ns] |= b.static_seen
             self.slots.dirty[b.pinned] = True
 
     @torch.no_grad()
@@ -505,7 +510,7 @@ class FreqCacheBackend(EmbeddingBackend):
         with torch.no_grad(), self.mover.planning():
             grow = b.values + self._t_row_off[b.table]
             rows, inverse = torch.unique(grow, sorted=True, return_inverse=True)
-            resident_access = (self._slot_of(rows) >= 0)[inverse]  # for the hit rate, before admissions
+            resident = self._slot_of(rows) >= 0  # for the hit rate, before admissions
             # Still admit what fits (the best of the misses by policy), so that a cache too small for
             # its batches keeps serving the hot rows instead of staying empty.  Nothing is pinned now
             # (the window was released), and nothing else is prepared until this batch retires.
@@ -516,7 +521,7 @@ class FreqCacheBackend(EmbeddingBackend):
                 self._evict_and_load(self.policy.choose(k), admit)
             self.policy.observe(b.uniq, b.counts, self.slots.lookup(b.uniq), all_held=False)
             slots = self._slot_of(rows)
-            self._count_hits_overflow(b, rows, resident_access)
+            self._count_hits_overflow(b, rows, resident, inverse)
         self.mover.sync()
         res = slots >= 0
         optim = dataclasses.replace(self.optim, lr=self._lr)
@@ -533,17 +538,19 @@ class FreqCacheBackend(EmbeddingBackend):
         b.train = torch.is_grad_enabled()
         b.overflow = dict(tbe=tmp, rows=rows, slots=slots, res=res, optim=optim)
         offsets = features.offsets().to(self.device, dtype=torch.int64)
-        out = tmp(inverse.reshape(-1), offsets)
+        idx = inverse.reshape(-1)
+        self.mover.use_on_compute(idx)
+        out = tmp(idx, offsets)
         self._inflight.append(b)
         return out
 
-    def _count_hits_overflow(self, b: _Batch, rows: torch.Tensor, resident_access: torch.Tensor) -> None:
+    def _count_hits_overflow(self, b: _Batch, rows: torch.Tensor, resident: torch.Tensor, inverse: torch.Tensor) -> None:
         st = self._stats
+        resident_access = resident[inverse]
         st["accesses"] += b.values.numel()
         st["hits"] += resident_access.sum()
         st["distinct"] += rows.numel()
-        hit_rows = torch.unique(b.values[resident_access] + self._t_row_off[b.table[resident_access]])
-        st["distinct_hits"] += hit_rows.numel()
+        st["distinct_hits"] += resident.sum()
         st["table_accesses"] += b.table_accesses
         st["table_hits"].index_add_(0, b.table, resident_access.long())
 

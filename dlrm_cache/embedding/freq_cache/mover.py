@@ -69,13 +69,13 @@ class Mover:
     def _move(self, wb_slots, wb_rows, slots, rows) -> None:
         st = self.store
         if wb_slots.numel():
-            st.weight.index_copy_(0, wb_rows, self.cache_w[wb_slots])
+            st.weight.index_copy_(0, wb_rows, self.cache_w.index_select(0, wb_slots))
             if self.cache_m is not None:
-                st.momentum.index_copy_(0, wb_rows, self.cache_m[wb_slots])
+                st.momentum.index_copy_(0, wb_rows, self.cache_m.index_select(0, wb_slots))
         if slots.numel():
-            self.cache_w.index_copy_(0, slots, st.weight[rows])
+            self.cache_w.index_copy_(0, slots, st.weight.index_select(0, rows))
             if self.cache_m is not None:
-                self.cache_m.index_copy_(0, slots, st.momentum[rows])
+                self.cache_m.index_copy_(0, slots, st.momentum.index_select(0, rows))
 
     def ready(self):
         """An event after every copy and plan step issued so far (None on CPU)."""
@@ -91,6 +91,15 @@ class Mover:
         cur = torch.cuda.current_stream(self.device)
         cur.wait_event(event)
         indices.record_stream(cur)
+
+    def use_on_compute(self, *tensors: torch.Tensor) -> None:
+        """Plan-stream results the compute stream reads now: it waits for them, they outlive it."""
+        if not self.cuda:
+            return
+        cur = torch.cuda.current_stream(self.device)
+        cur.wait_stream(self.plan)
+        for t in tensors:
+            t.record_stream(cur)
 
     def sync(self) -> None:
         """Everything issued so far has finished (flush, import, overflow: not on the step path)."""

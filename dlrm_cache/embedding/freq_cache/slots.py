@@ -6,10 +6,16 @@ permanently at ``static_offsets[t] + rank`` (no lookup, never evicted).  Slots
 ``[num_static, num_slots)`` are the dynamic region, managed by the eviction policy.
 
 Per slot: the global row it holds (-1: empty), a pin refcount (batches of the look-ahead window
-that use it), a dirty bit (touched by a training step since it was loaded).  Which slot holds a row
-is found by binary search in the dynamic region's rows kept sorted (re-sorted after every batch
-that loads rows: one device sort of the dynamic region), so there is no per-row map at all: every
-structure here scales with the cache, about 30 bytes a slot, whatever the size of the tables.
+that use it), a dirty bit (touched by a training step since it was loaded).
+
+Which slot holds a row (``row_map``):
+* ``sorted`` (the default on a GPU): binary search in the dynamic region's rows kept sorted
+  (re-sorted on the device after every batch that loads rows).  No per-row map at all: every
+  structure here scales with the cache, about 30 bytes a slot, whatever the size of the tables.
+* ``dense`` (the default on the CPU): an int32 slot per row of the tables.  On the CPU that map is
+  host memory like the tables themselves, and it updates in O(rows moved) where a CPU sort of
+  the dynamic region costs tens of milliseconds per batch at Criteo sizes.
+Both give the same slots; the tests run both.
 """
 
 from __future__ import annotations
@@ -18,15 +24,25 @@ import torch
 
 
 class SlotTable:
-    def __init__(self, num_slots: int, num_static: int, device: torch.device) -> None:
+    def __init__(
+        self, num_slots: int, num_static: int, device: torch.device, num_rows: int, row_map: str = "auto"
+    ) -> None:
         if num_slots >= 2**31:
             raise ValueError(f"embedding.cache_ratio: {num_slots} slots are too many (limit 2**31)")
+        if row_map == "auto":
+            row_map = "sorted" if device.type == "cuda" else "dense"
+        if row_map not in ("sorted", "dense"):
+            raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
+        self.row_map = row_map
         self.num_slots = num_slots
         self.num_static = num_static
         self.slot_row = torch.full((num_slots,), -1, dtype=torch.int64, device=device)
         self.pin = torch.zeros(num_slots, dtype=torch.int32, device=device)
         self.dirty = torch.zeros(num_slots, dtype=torch.bool, device=device)
-        self._resort()
+        if row_map == "dense":
+            self.row_slot = torch.full((num_rows,), -1, dtype=torch.int32, device=device)
+        else:
+            self._resort()
 
     @property
     def num_dynamic(self) -> int:
@@ -37,17 +53,23 @@ class SlotTable:
         self.sorted_slots = order + self.num_static
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        """The dynamic slot holding each of ``rows`` (global ids), -1 where none does."""
+        """The dynamic slot holding each of ``rows`` (non-static global ids), -1 where none does."""
+        if self.row_map == "dense":
+            return self.row_slot[rows].long()
         if self.num_dynamic == 0 or rows.numel() == 0:
             return torch.full_like(rows, -1)
         pos = torch.searchsorted(self.sorted_rows, rows).clamp_(max=self.num_dynamic - 1)
         return torch.where(self.sorted_rows[pos] == rows, self.sorted_slots[pos], -1)
 
     def assign(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """``rows`` (not resident) now live in ``slots``, clean; the dynamic map is rebuilt."""
+        """``rows`` (not resident) now live in ``slots`` (whatever they held is dropped), clean."""
+        if self.row_map == "dense":
+            old = self.slot_row[slots]
+            self.row_slot[old[old >= 0]] = -1
+            self.row_slot[rows] = slots.to(torch.int32)
         self.slot_row[slots] = rows
         self.dirty[slots] = False
-        if slots.numel() and self.num_dynamic:
+        if self.row_map == "sorted" and slots.numel() and self.num_dynamic:
             self._resort()
 
     def resident(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ memory scales with the cache, not with the tables.
 
 from __future__ import annotations
 
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm.new_unified_tensor)
 import numpy as np
 import torch
 
