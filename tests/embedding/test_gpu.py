@@ -77,3 +77,20 @@ def test_uvm_cache_matches_hbm_and_reports_hits():
     uvm.flush()
     assert_tables_equal(uvm.export_tables(), hbm.export_tables(), **GPU_TOL)
 
+
+
+def test_freq_cache_device_memory_scales_with_the_cache():
+    """10M rows in host-mapped memory; the GPU holds the slots and ~30 B of bookkeeping per slot."""
+    from dlrm_cache.embedding.base import TableSpec
+
+    tables = [TableSpec("C1", 6_000_000, 16), TableSpec("C2", 4_000_000, 16)]
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=0.01, policy="lru")
+    torch.cuda.synchronize()
+    used = torch.cuda.memory_allocated() - before
+    assert cache.store.weight.is_cuda and cache.slots.row_map == "sorted"
+    table_bytes = 10_000_000 * optim.row_bytes(16)
+    assert used < cache.cache_bytes + 2**20, (used, cache.cache_bytes)
+    assert used < table_bytes / 20, (used, table_bytes)
