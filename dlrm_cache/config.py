@@ -30,7 +30,7 @@ class DataConfig:
     batch_size: int = 2048  # global batch size: split across ranks under torchrun
     eval_batch_size: int = 8192
     prefetch_batches: int = 4  # batches decoded ahead by the background reader thread
-    analysis_threads: int = 2  # threads for the embedding cache's per-batch work in the loader
+    analysis_threads: int = 2  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
