@@ -126,6 +126,22 @@ def test_training_matches_host(opt_name, policy, lookahead, row_map):
     assert not cache._queue and cache.slots.pin.sum() == 0  # every pin released
 
 
+def test_sorted_row_map_keeps_no_per_row_state_with_the_cache():
+    """The GPU's row map: everything next to the slots is sized by the cache, not the tables
+    (per-row data -- weights, optimizer state, counts -- lives in the host store only)."""
+    tables = make_tables([50_000, 30_000])
+    kw = dict(device="cpu", cache_ratio=0.01, policy="lfu")
+    cache = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad"), row_map="sorted", **kw)
+    beside_slots = [v for obj in (cache.slots, cache.policy) for v in vars(obj).values()
+                    if isinstance(v, torch.Tensor) and v is not cache.store.observed]
+    beside_slots += [cache.mover.cache_w, cache.mover.cache_m]
+    assert len(beside_slots) >= 8
+    assert max(t.shape[0] for t in beside_slots) == cache.slots.num_slots == 800
+    assert cache.store.observed.shape[0] == cache.store.weight.shape[0] == 80_000
+    dense = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad"), row_map="dense", **kw)
+    assert dense.slots.row_slot.shape[0] == 80_000
+
+
 def test_cancel_prefetch_releases_the_window():
     tables = make_tables()
     optim = SparseOptim("rowwise_adagrad", lr=0.1)

@@ -57,6 +57,7 @@ def test_freq_cache_on_gpu_matches_hbm(policy, lookahead):
         torch.testing.assert_close(b, a, **GPU_TOL)
     s = cache.stats()
     assert s["evictions"] > 100 and s["rows_written_back"] > 100, s
+    assert s["transfer_wait_s"] >= 0.0 and cache.mover._waits == []
     assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)
 
 

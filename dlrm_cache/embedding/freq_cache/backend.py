@@ -322,6 +322,7 @@ class FreqCacheBackend(EmbeddingBackend):
         out["bytes_written_back"] = float(dev["rows_written_back"] * rb)
         out["evictions"] = float(dev["evictions"])
         out["stall_s"] = float(dev["stall_s"])
+        out["transfer_wait_s"] = self.mover.transfer_wait_s()
         out["overflow_batches"] = float(dev["overflow_batches"])
         out["deferred_batches"] = float(dev["deferred_batches"])
         out["cache_bytes"] = float(self.cache_bytes)

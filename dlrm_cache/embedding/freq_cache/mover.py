@@ -36,6 +36,7 @@ class Mover:
         self.cache_m = cache_m  # [num_slots] or [num_slots, dim]; None for SGD
         self.device = device
         self.cuda = device.type == "cuda"
+        self._waits: list = []  # (before, after) timing events around the compute stream's waits
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
             # high priority: its short kernels should not queue behind the step's big ones, since
@@ -85,12 +86,30 @@ class Mover:
         return self.copy.record_event()
 
     def wait_ready(self, event, indices: torch.Tensor) -> None:
-        """The compute stream waits for ``event`` before using ``indices`` (made on the plan stream)."""
+        """The compute stream waits for ``event`` before using ``indices`` (made on the plan stream).
+
+        Timing events around the wait measure how long the GPU really sat waiting for the rows
+        (read lazily by ``transfer_wait_s``, so no host synchronization here).
+        """
         if event is None:
             return
         cur = torch.cuda.current_stream(self.device)
+        before = torch.cuda.Event(enable_timing=True)
+        before.record(cur)
         cur.wait_event(event)
+        after = torch.cuda.Event(enable_timing=True)
+        after.record(cur)
+        self._waits.append((before, after))
         indices.record_stream(cur)
+
+    def transfer_wait_s(self) -> float:
+        """Seconds the compute stream waited for batches' rows since the last call (0 on CPU)."""
+        total = 0.0
+        for before, after in self._waits:
+            after.synchronize()
+            total += before.elapsed_time(after) / 1000.0
+        self._waits.clear()
+        return total
 
     def use_on_compute(self, *tensors: torch.Tensor) -> None:
         """Plan-stream results the compute stream reads now: it waits for them, they outlive it."""
