@@ -150,6 +150,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     stats = emb.stats()
     result = {
         "variant": v.label,
+        "iters": cfg.iters,
         "ms_per_iter": 1000 * elapsed / cfg.iters,
         "samples_per_s": cfg.iters * b / elapsed,
         "hit_rate": stats.get("hit_rate", math.nan),
@@ -252,5 +253,11 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
 def _row(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"  {r['variant']:<24} skipped: {r['error']}"
+    st = r.get("stats", {})
+    waits = ""
+    if "stall_s" in st:  # freq_cache: where its time went (per timed iteration)
+        n = r["iters"]
+        waits = (f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
+                 f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter")
     return (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
-            f"  hit {r['hit_rate']:.4f}  peak GPU {r['peak_gpu_mib']:.0f} MiB")
+            f"  hit {r['hit_rate']:.4f}  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}")
