@@ -345,7 +345,7 @@ class FreqCacheBackend(EmbeddingBackend):
             accesses=0, hits=z(), distinct=z(), distinct_hits=z(),
             table_accesses=np.zeros(T, dtype=np.int64),
             table_hits=torch.zeros(T, dtype=torch.int64, device=self.device),
-            rows_loaded=0, rows_written_back=0, evictions=0, stall_s=0.0,
+            rows_loaded=0, rows_written_back=0, evictions=z(), stall_s=0.0,
             overflow_batches=0, deferred_batches=0,
         )  # fmt: skip
 
@@ -379,9 +379,10 @@ class FreqCacheBackend(EmbeddingBackend):
             dyn_pos = torch.nonzero(~static).squeeze(1)
             grow = v[dyn_pos] + self._t_row_off[table[dyn_pos]]
             uniq, inverse, counts = torch.unique(grow, sorted=True, return_inverse=True, return_counts=True)
-            # which static slots the batch uses (a bincount: no boolean gather of the ~90% static ids)
+            # which static slots the batch uses (non-static ids add 0 to slot 0: no boolean gather, no sync)
             ns = self.slots.num_static
-            seen = torch.bincount(torch.where(static, slot_values, ns), minlength=ns + 1)[:ns] > 0
+            seen = torch.zeros(max(1, ns), dtype=torch.int32, device=self.device)
+            seen = seen.index_add_(0, torch.where(static, slot_values, 0), static.to(torch.int32))[:ns] > 0
             T = len(self.tables)
             static_table_hits = torch.zeros(T, dtype=torch.int64, device=self.device)
             static_table_hits.index_add_(0, table, static.long())
@@ -421,23 +422,28 @@ class FreqCacheBackend(EmbeddingBackend):
 
     @torch.no_grad()
     def _prepare(self, b: _Batch) -> bool:
-        """Make ``b``'s rows resident and pin them; False (nothing changed) when they do not fit."""
+        """Make ``b``'s rows resident and pin them; False (nothing changed) when they do not fit.
+
+        On a GPU every host read here is a synchronization of the plan stream, so there are two:
+        the sizes (misses, free slots) and the misses' positions; pins go by ``index_add_`` with
+        the misses adding 0, not by boolean indexing.
+        """
         s = self.slots
         with self.mover.planning():
             su = s.lookup(b.uniq)
             hit = su >= 0
-            miss = ~hit
-            n_miss = int(miss.sum())
-            hit_slots = su[hit]
-            s.pin[hit_slots] += 1
+            hit_i = hit.to(torch.int32)
+            s.pin.index_add_(0, su.clamp(min=0), hit_i)
+            n_miss, n_free = torch.stack([(~hit).sum(), (s.pin[s.num_static:] == 0).sum()]).tolist()
             if n_miss:
-                victims = self.policy.choose(n_miss)
-                if victims is None:
-                    s.pin[hit_slots] -= 1
+                if n_miss > n_free:
+                    s.pin.index_add_(0, su.clamp(min=0), -hit_i)
                     return False
-                self._evict_and_load(victims, b.uniq[miss])
+                victims = self.policy.choose(n_miss, n_free)
+                miss_idx = torch.nonzero(~hit).squeeze(1)
+                self._evict_and_load(victims, b.uniq[miss_idx])
                 s.pin[victims] += 1
-                su[miss] = victims
+                su[miss_idx] = victims
             b.pinned = su
             b.slot_values[b.dyn_pos] = su[b.inverse]
             b.indices = b.slot_values
@@ -456,14 +462,14 @@ class FreqCacheBackend(EmbeddingBackend):
         s = self.slots
         old = s.slot_row[victims]
         occupied = old >= 0
-        dirty = occupied & s.dirty[victims]
-        wb_slots, wb_rows = victims[dirty], old[dirty]
+        wb = torch.nonzero(occupied & s.dirty[victims]).squeeze(1)
+        wb_slots, wb_rows = victims[wb], old[wb]
         self.mover.move(wb_slots, wb_rows, victims, rows)
         s.assign(victims, rows)
         self.policy.admitted(victims, rows)
         st = self._stats
-        st["evictions"] += int(occupied.sum())
-        st["rows_written_back"] += wb_slots.numel()
+        st["evictions"] += occupied.sum()
+        st["rows_written_back"] += wb.numel()
         st["rows_loaded"] += rows.numel()
 
     def _count_hits(self, b: _Batch, hit: torch.Tensor) -> None:

@@ -71,11 +71,12 @@ class EvictionPolicy:
             return rows[:k]  # all equally recent
         return rows[torch.topk(self._row_score(rows), k).indices]
 
-    def choose(self, k: int) -> torch.Tensor | None:
-        """``k`` unpinned dynamic slots to (re)fill, or None when fewer than ``k`` are free."""
+    def choose(self, k: int, n_free: int | None = None) -> torch.Tensor | None:
+        """``k`` unpinned dynamic slots to (re)fill, or None when fewer than ``k`` are free
+        (``n_free``: the caller already read how many are)."""
         s = self.slots
         free = s.pin[s.num_static:] == 0
-        if k > int(free.sum()):
+        if k > (int(free.sum()) if n_free is None else n_free):
             return None
         score = torch.where(free, self.slot_score[s.num_static:], torch.inf)
         return torch.topk(score, k, largest=False, sorted=False).indices + s.num_static
