@@ -59,6 +59,24 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     return make, optim, counts
 
 
+def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim) -> None:
+    """Fail before allocating when the tables cannot fit in host memory (one process).
+
+    Start-up holds the initial rows (built on the host) next to the placement's own host copy
+    (every placement but hbm keeps all rows in host memory).
+    """
+    budget = cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(1)
+    table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
+    copies = 1 if cfg.embedding._target_.endswith("HbmBackend") else 2
+    if table_bytes * copies > budget:
+        raise ValueError(
+            f"host_memory_gb: the embedding tables take {table_bytes / 2**30:.2f} GiB "
+            f"(x{copies} while they are initialized) but {budget / 2**30:.2f} GiB of host memory "
+            "are available; use more processes (torchrun shards the tables), a smaller "
+            "model.embedding_dim, preprocess with hash_modulus, or set host_memory_gb if the estimate is wrong"
+        )
+
+
 def build_embeddings(
     cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
 ) -> EmbeddingBackend:
@@ -68,6 +86,7 @@ def build_embeddings(
     ]
     make, optim, counts = embedding_factory(cfg, data_path, device)
     if not info.distributed:
+        check_host_memory(cfg, tables, optim)
         embeddings = make(tables)
         embeddings.import_tables(initial_state(tables, optim, cfg.seed))
         return embeddings

@@ -125,3 +125,13 @@ def test_resume_is_exact_with_a_schedule(small_dataset: Path, tmp_path: Path):
     a, b = _params(straight / "checkpoints" / "step_00000020"), _params(tmp_path / "r" / "checkpoints" / "step_00000020")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("embedding, dataset", [("host", "small_dataset"), ("freq_cache", "processed_synth")])
+def test_tables_larger_than_host_memory_fail_before_allocating(request, tmp_path: Path, embedding, dataset):
+    data = request.getfixturevalue(dataset)  # freq_cache needs the frequency statistics of a real run
+    cfg = compose_train(base_overrides(data, tmp_path / "run")
+                        + [f"embedding={embedding}", "host_memory_gb=0.0001", "max_steps=2"])
+    with pytest.raises(ValueError, match=r"host_memory_gb: the embedding tables take .* GiB \(x2"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()
