@@ -162,3 +162,23 @@ def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> Keyed
     """Wrap a [B, T*dim] tensor of pooled embeddings as a KeyedTensor in feature order."""
     keys = features.keys()
     return KeyedTensor(keys=keys, length_per_key=[dim] * len(keys), values=values)
+
+
+def same_batch(prefetched: KeyedJaggedTensor, prefetched_train: bool, kjt: KeyedJaggedTensor) -> bool:
+    """Whether a forward of ``kjt`` consumes the oldest prefetched batch.
+
+    The trainer prefetches the host batch and runs forward on its device copy (a new object), so
+    identity is not enough.  On the CPU the ids are compared; for a device copy that would cost a
+    synchronization, so the per-feature lengths must do -- and an evaluation forward (no grad) never
+    takes a prefetched training batch, whose lengths a same-sized evaluation batch would share.
+    """
+    if prefetched is kjt:
+        return True
+    if prefetched_train and not torch.is_grad_enabled():
+        return False
+    v, w = kjt.values(), prefetched.values()
+    if v.numel() != w.numel() or list(kjt.keys()) != list(prefetched.keys()) or kjt.stride() != prefetched.stride():
+        return False
+    if v.device.type == "cpu" and w.device.type == "cpu":
+        return torch.equal(v, w) and torch.equal(kjt.lengths(), prefetched.lengths())
+    return list(kjt.length_per_key()) == list(prefetched.length_per_key())

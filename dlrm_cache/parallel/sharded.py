@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch
 from .plan import Shard
 
 
@@ -53,7 +53,7 @@ class ShardedEmbeddings(EmbeddingBackend):
         table_index = {t.name: i for i, t in enumerate(tables)}
         self._shard_table = torch.tensor([table_index[s.table] for s in self.shards], device=device)
         self._row_wise = len(self.shards) != len(tables)
-        self._pending: deque[tuple[KeyedJaggedTensor, KeyedJaggedTensor | None, list[int]]] = deque()
+        self._pending: deque[tuple[KeyedJaggedTensor, KeyedJaggedTensor | None, list[int], bool]] = deque()
 
     # -- ids to their owners -----------------------------------------------------------------
     def _per_key(self, kjt: KeyedJaggedTensor, b: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -121,11 +121,11 @@ class ShardedEmbeddings(EmbeddingBackend):
         local, sizes = self._dist_ids(features)
         if self.local is not None and local is not None:
             self.local.prefetch(local)
-        self._pending.append((features, local, sizes))
+        self._pending.append((features, local, sizes, torch.is_grad_enabled()))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        if self._pending and self._pending[0][0] is features:
-            _, local, sizes = self._pending.popleft()
+        if self._pending and same_batch(self._pending[0][0], self._pending[0][3], features):
+            _, local, sizes, _ = self._pending.popleft()
         else:
             local, sizes = self._dist_ids(features)
         b = features.stride()

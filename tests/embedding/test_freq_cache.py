@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm_cache.embedding.base import SparseOptim, TableSpec
+from dlrm_cache.embedding.base import SparseOptim, TableSpec, same_batch
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table, predict_hit_rate
 
@@ -183,6 +183,45 @@ def test_flush_mid_training_then_continue():
     assert_tables_equal(cache.export_tables(), host.export_tables())  # flush with rows cached
     run_training(host, cache, batches[10:], lookahead=2, seed=5)
     assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_flush_with_prefetched_batches_keeps_their_updates():
+    """The trainer checkpoints (flush) with the look-ahead window prepared: those batches' slots
+    must stay dirty, or their coming updates are dropped when the slots are evicted."""
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, policy="lfu", lookahead=3)
+    rng = np.random.default_rng(12)
+    batches = [make_batch(rng, tables, 128) for _ in range(24)]
+    g = torch.Generator().manual_seed(0)
+    for i in range(3):
+        cache.prefetch(batches[i])
+    for i, b in enumerate(batches):
+        if i + 3 < len(batches):
+            cache.prefetch(batches[i + 3])
+        if i in (5, 6, 13):
+            cache.flush() if i != 6 else cache.export_tables()
+        w = torch.randn(b.stride(), len(tables) * DIM, generator=g)
+        (host(b).values() * w).sum().backward()
+        (cache(b).values() * w).sum().backward()
+    assert cache.stats()["evictions"] > 100
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_evaluation_forward_never_takes_a_prefetched_training_batch():
+    """On the GPU a prefetched batch is matched to its device copy by per-feature lengths, which a
+    same-sized evaluation batch shares; grad mode tells them apart (meta tensors stand in for CUDA)."""
+    def kjt():
+        return KeyedJaggedTensor(keys=["a", "b"], values=torch.empty(6, dtype=torch.int64, device="meta"),
+                                 lengths=torch.ones(6, dtype=torch.int64, device="meta"), stride=3,
+                                 length_per_key=[3, 3])
+
+    prefetched, copy = kjt(), kjt()
+    assert same_batch(prefetched, True, copy)
+    with torch.no_grad():
+        assert not same_batch(prefetched, True, copy)  # evaluation: an ad-hoc batch
+        assert same_batch(prefetched, False, copy)  # prefetched for evaluation
+        assert same_batch(prefetched, True, prefetched)  # the object itself
 
 
 def test_prefetch_host_batch_forward_device_copy_is_matched():

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim
+from ..base import EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch, shared_dim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
 from .policy import POLICIES, EvictionPolicy
@@ -211,6 +211,7 @@ class FreqCacheBackend(EmbeddingBackend):
         cache_m = momentum_view(self.tbe, optim, self.dim)
         self.mover = Mover(self.store, cache_w, cache_m, dev)
         # Static region: table t's rows [0, static_rows[t]) at slots static_offsets[t] + rank.
+        self.mover.plan_after_compute()  # the bookkeeping above was filled on the compute stream
         with self.mover.planning():
             st_slots = torch.arange(num_static, device=dev)
             st_table = torch.repeat_interleave(self._t_index, self._t_static_rows, output_size=num_static)
@@ -230,6 +231,7 @@ class FreqCacheBackend(EmbeddingBackend):
         return self._analyze(features) if self.device.type == "cpu" else None
 
     def prefetch(self, features: KeyedJaggedTensor, analysis: _Batch | None = None) -> None:
+        self.mover.track_compute()
         self._retire()
         if analysis is None or analysis.kjt is not features:
             analysis = self._analyze(features)
@@ -242,10 +244,11 @@ class FreqCacheBackend(EmbeddingBackend):
         self._retire()
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        self.mover.track_compute()
         self._retire()
         t0 = time.perf_counter()
         train = torch.is_grad_enabled()
-        if self._queue and self._matches(self._queue[0], features):
+        if self._queue and same_batch(self._queue[0].kjt, self._queue[0].train, features):
             batch = self._queue.popleft()
             if train and not batch.train:  # prefetched under no_grad, trained on after all
                 batch.train = True
@@ -285,7 +288,14 @@ class FreqCacheBackend(EmbeddingBackend):
             self.mover._move(slots, s.slot_row[slots], slots[:0], slots[:0])
             s.dirty[slots] = False
             self._stats["rows_written_back"] += slots.numel()
+            self._remark_queued()
         self.mover.sync()
+
+    def _remark_queued(self) -> None:
+        """Prefetched training batches were marked dirty when prepared; their steps are to come."""
+        for b in self._queue:
+            if b.prepared and b.train:
+                self._mark_dirty(b)
 
     def export_tables(self) -> dict[str, torch.Tensor]:
         self.flush()
@@ -299,6 +309,7 @@ class FreqCacheBackend(EmbeddingBackend):
         slots, rows = self.slots.resident()
         self.mover._move(slots[:0], rows[:0], slots, rows)
         self.slots.dirty[:] = False
+        self._remark_queued()
         self.mover.sync()
 
     def stats(self) -> dict[str, float]:
@@ -329,6 +340,7 @@ class FreqCacheBackend(EmbeddingBackend):
         out["cache_rows"] = float(self.slots.num_slots)
         out["static_rows"] = float(self.slots.num_static)
         self._stats = self._zero_stats()
+        self.mover.plan_after_compute()  # fresh counters, filled on the compute stream
         return out
 
     def cancel_prefetch(self) -> None:
@@ -387,25 +399,11 @@ class FreqCacheBackend(EmbeddingBackend):
             static_table_hits = torch.zeros(T, dtype=torch.int64, device=self.device)
             static_table_hits.index_add_(0, table, static.long())
             uniq_table = torch.searchsorted(self._t_row_off, uniq, right=True) - 1
+            static_hits, static_distinct = torch.count_nonzero(static), torch.count_nonzero(seen)
         return _Batch(
             kjt, v, table, lpk, slot_values, seen, dyn_pos, uniq, inverse, counts, uniq_table,
-            static_hits=torch.count_nonzero(static),
-            static_distinct=torch.count_nonzero(seen),
-            static_table_hits=static_table_hits,
+            static_hits=static_hits, static_distinct=static_distinct, static_table_hits=static_table_hits,
         )
-
-    @staticmethod
-    def _matches(b: _Batch, kjt: KeyedJaggedTensor) -> bool:
-        if b.kjt is kjt:
-            return True
-        v = kjt.values()
-        if v.numel() != b.values.numel() or list(kjt.keys()) != list(b.kjt.keys()):
-            return False
-        w = b.kjt.values()
-        if v.device.type == "cpu" and w.device.type == "cpu":
-            return torch.equal(v, w) and torch.equal(kjt.lengths(), b.kjt.lengths())
-        # A device copy: compare ids per feature (cached by KeyedJaggedTensor.to, so no sync).
-        return list(kjt.length_per_key()) == list(b.kjt.length_per_key())
 
     def _slot_of(self, rows: torch.Tensor) -> torch.Tensor:
         """The slot holding each global row (static or dynamic), -1 where none does."""

@@ -37,12 +37,23 @@ class Mover:
         self.device = device
         self.cuda = device.type == "cuda"
         self._waits: list = []  # (before, after) timing events around the compute stream's waits
+        self._wait_folded = 0.0
         if self.cuda:
             self.compute = torch.cuda.current_stream(device)
             # high priority: its short kernels should not queue behind the step's big ones, since
             # the prefetching thread waits for their results
             self.plan = torch.cuda.Stream(device, priority=-1)
             self.copy = torch.cuda.Stream(device)
+
+    def track_compute(self) -> None:
+        """The caller's current stream is the compute stream (called outside ``planning()``)."""
+        if self.cuda:
+            self.compute = torch.cuda.current_stream(self.device)
+
+    def plan_after_compute(self) -> None:
+        """The plan stream waits for the compute stream's work so far (tensors it filled)."""
+        if self.cuda:
+            self.plan.wait_stream(self.compute)
 
     def planning(self):
         """Context for bookkeeping work (the plan stream under CUDA)."""
@@ -100,15 +111,24 @@ class Mover:
         after = torch.cuda.Event(enable_timing=True)
         after.record(cur)
         self._waits.append((before, after))
+        if len(self._waits) > 512:  # stats() not called for a long time: fold the old ones
+            self._wait_folded += self._drain(self._waits[:256])
+            del self._waits[:256]
         indices.record_stream(cur)
+
+    @staticmethod
+    def _drain(waits: list) -> float:
+        total = 0.0
+        for before, after in waits:
+            after.synchronize()
+            total += before.elapsed_time(after) / 1000.0
+        return total
 
     def transfer_wait_s(self) -> float:
         """Seconds the compute stream waited for batches' rows since the last call (0 on CPU)."""
-        total = 0.0
-        for before, after in self._waits:
-            after.synchronize()
-            total += before.elapsed_time(after) / 1000.0
+        total = self._wait_folded + self._drain(self._waits)
         self._waits.clear()
+        self._wait_folded = 0.0
         return total
 
     def use_on_compute(self, *tensors: torch.Tensor) -> None:
