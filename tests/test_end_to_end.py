@@ -79,3 +79,18 @@ def test_gpu_training_freq_cache_equals_hbm(dataset: Path, tmp_path: Path):
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     assert cached["val_auc"] == pytest.approx(hbm["val_auc"], abs=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_model_with_host_tables_and_uvm_cache_train(dataset: Path, tmp_path: Path):
+    """The baselines under a GPU model: host tables (CPU kernels, rows copied over) and fbgemm's
+    UVM cache both train the same model as hbm."""
+    steps = ["max_steps=20", "device=cuda"]
+    hbm = train(compose_train(common(dataset, tmp_path / "hbm") + steps + ["embedding=hbm"]))
+    for name in ("host", "uvm_cache"):
+        other = train(compose_train(common(dataset, tmp_path / name) + steps + [f"embedding={name}"]))
+        a, b = tables_and_dense(tmp_path / "hbm", 20), tables_and_dense(tmp_path / name, 20)
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-4, msg=f"{name} {k}")
+        assert other["val_auc"] == pytest.approx(hbm["val_auc"], abs=2e-3)

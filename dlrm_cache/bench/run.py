@@ -135,25 +135,34 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         host_batches = [hb.pin_memory() for hb in host_batches]
     total = cfg.warmup + cfg.iters
     depth = int(getattr(emb, "lookahead", 0))
-    # as in training: batches come from a loader thread that also runs the cache's analysis
-    stream = Prefetcher((_copy(host_batches[i % len(host_batches)]) for i in range(total)), depth=4,
+    # As in training: batches come from a loader thread that also runs the cache's analysis.  The
+    # stream runs ``depth`` batches past the last timed step, so that every timed step also pays
+    # for one prefetch (their rows are loaded, never trained on).
+    stream = Prefetcher((_copy(host_batches[i % len(host_batches)]) for i in range(total + depth)), depth=4,
                         transform=analyze_in_loader(emb, depth))
     t0 = None
-    for i, batch in enumerate(lookahead_window(stream, emb, depth, device)):
-        if i == cfg.warmup:
-            _sync(device)
-            emb.stats()  # reset the counters: report the timed iterations only
-            t0 = time.perf_counter()
-        step(batch)
-    _sync(device)
-    elapsed = time.perf_counter() - t0
+    try:
+        for i, batch in enumerate(lookahead_window(stream, emb, depth, device)):
+            if i == cfg.warmup:
+                _sync(device)
+                emb.stats()  # reset the counters: report the timed iterations only
+                t0 = time.perf_counter()
+            step(batch)
+            if i == total - 1:
+                break
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+    finally:
+        stream.close()
+        emb.cancel_prefetch()
     stats = emb.stats()
     result = {
         "variant": v.label,
         "iters": cfg.iters,
         "ms_per_iter": 1000 * elapsed / cfg.iters,
         "samples_per_s": cfg.iters * b / elapsed,
-        "hit_rate": stats.get("hit_rate", math.nan),
+        "hit_rate": stats.get("hit_rate", math.nan),  # accesses served by the cache (freq_cache)
+        "hit_rate_distinct": stats.get("hit_rate_distinct", math.nan),  # distinct ids (uvm_cache counts these)
         "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan,
         "stats": stats,
     }
@@ -260,4 +269,5 @@ def _row(r: dict[str, Any]) -> str:
         waits = (f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
                  f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter")
     return (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
-            f"  hit {r['hit_rate']:.4f}  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}")
+            f"  hit {r['hit_rate']:.4f} (distinct ids {r['hit_rate_distinct']:.4f})"
+            f"  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}")

@@ -41,7 +41,7 @@ class Batch:
         )
 
     def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin(), self.labels.pin_memory(), self.analysis)
+        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory(), self.analysis)
 
     @property
     def size(self) -> int:

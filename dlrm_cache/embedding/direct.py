@@ -40,7 +40,12 @@ class TbeBackend(EmbeddingBackend):
             self._row_offsets.append(self._row_offsets[-1] + t.num_rows)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        out = self.tbe(features.values().long(), features.offsets().long())
+        values, offsets = features.values().long(), features.offsets().long()
+        device = values.device
+        if device != self.device:  # host tables under a GPU model: ids over, pooled rows back
+            out = self.tbe(values.to(self.device), offsets.to(self.device)).to(device)
+        else:
+            out = self.tbe(values, offsets)
         return pooled(features, out, self.dim)
 
     def set_learning_rate(self, lr: float) -> None:
@@ -75,7 +80,10 @@ class TbeBackend(EmbeddingBackend):
 
 
 class HostBackend(TbeBackend):
-    """All rows in host memory, computed by fbgemm's CPU kernels (the only placement without CUDA)."""
+    """All rows in host memory, computed by fbgemm's CPU kernels (the only placement without CUDA).
+
+    Under a GPU model the ids are copied to the host and the pooled rows back (and their gradients
+    the other way): the slow baseline the caches are there to beat."""
 
     def __init__(self, tables, optim, device="cpu", **kw):
         super().__init__(tables, optim, "cpu", **kw)
@@ -131,7 +139,8 @@ class UvmCacheBackend(TbeBackend):
         unique, misses = s[2], s[3]
         rb = self.optim.row_bytes(self.dim)
         return {
-            "hit_rate_distinct": 1.0 - misses / unique if unique else 0.0,
+            # fbgemm's LFU path does not update these two counters: nan, not a made-up rate
+            "hit_rate_distinct": 1.0 - misses / unique if unique else float("nan"),
             "distinct_ids": float(unique),
             "rows_loaded": float(misses),
             "bytes_loaded": float(misses * rb),

@@ -34,7 +34,8 @@ class DLRM(nn.Module):
         self.embedding_dim = embedding_dim
         # The bottom MLP must end in the embedding dim: its output joins the dot interaction.
         self.dense_arch = DenseArch(num_dense, list(bottom_mlp) + [embedding_dim], device=device)
-        self.inter_arch = InteractionArch(num_sparse_features=num_sparse)
+        # its index buffer must live with the activations (and DDP broadcasts buffers over NCCL)
+        self.inter_arch = InteractionArch(num_sparse_features=num_sparse).to(device)
         over_in = embedding_dim + (num_sparse + 1) * num_sparse // 2
         self.over_arch = OverArch(over_in, list(top_mlp) + [1], device=device)
 

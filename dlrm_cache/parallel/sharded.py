@@ -44,7 +44,10 @@ class ShardedEmbeddings(EmbeddingBackend):
         self.mine = self.by_rank[self.rank]
         local_tables = [TableSpec(s.name, s.hi - s.lo, self.dim) for s in self.mine]
         self.local = make_local(local_tables, self.mine) if self.mine else None
-        self.lookahead = int(getattr(self.local, "lookahead", 0))
+        # Every rank must prefetch (each prefetch is a collective), also one that owns no shard.
+        depth = torch.tensor([int(getattr(self.local, "lookahead", 0))], device=self.comm_device)
+        dist.all_reduce(depth, op=dist.ReduceOp.MAX)
+        self.lookahead = int(depth.item())
         # received pooled blocks are rank-major; put them back in global shard order, then add the
         # shards of each table together (one shard per table when nothing is split row-wise)
         order = [s.name for shards_r in self.by_rank for s in shards_r]

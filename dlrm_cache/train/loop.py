@@ -6,6 +6,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -202,7 +203,8 @@ def find_oracle(manifest: Manifest) -> float | None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train and evaluate as ``cfg`` says; returns the final summary (also written to the run dir)."""
-    device = resolve_device(cfg.device)
+    # torchrun: one GPU per local rank
+    device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     info: DistInfo = init_distributed(device, cfg.dist_timeout_s)
     try:
         return _train(cfg, device, info)
@@ -300,7 +302,9 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
 
     bar = tqdm(total=total_steps, initial=step, disable=not (cfg.progress and info.is_main),
                unit="step", dynamic_ncols=True)
-    samples, train_time, loss_sum, loss_n = 0, 0.0, 0.0, 0
+    samples, train_time, loss_n = 0, 0.0, 0
+    # summed on the device: a .item() per step would make the host wait for every step
+    loss_sum = torch.zeros((), device=device)
     emb_totals = StatsTotals()
     last_eval: dict[str, float] = {}
     model.train()
@@ -320,18 +324,20 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
                 opt.step()
                 step += 1
                 samples += batch.size * info.world_size
-                loss_sum += loss.item()
+                loss_sum += loss.detach()
                 loss_n += 1
                 if step % cfg.log_every == 0 or step == total_steps:
+                    mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
                     elapsed = time.perf_counter() - t0
                     train_time += elapsed
                     rate = loss_n * batch.size * info.world_size / max(elapsed, 1e-9)
                     emb_stats = embeddings.stats()
                     emb_totals.add(emb_stats)
-                    record = {"loss": loss_sum / loss_n, "samples_per_s": rate, **emb_stats}
+                    record = {"loss": mean_loss, "samples_per_s": rate, **emb_stats}
                     metrics_log.write("train", step=step, epoch=epoch, **record)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{rate:,.0f}")
-                    loss_sum, loss_n, t0 = 0.0, 0, time.perf_counter()
+                    loss_sum.zero_()
+                    loss_n, t0 = 0, time.perf_counter()
                 bar.update(1)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
                     t_eval = time.perf_counter()
@@ -347,8 +353,10 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
                 if step >= total_steps:
                     break
             if loss_n:  # the tail since the last log line still counts towards throughput
+                loss_sum.item()  # the steps have finished on the device
                 train_time += time.perf_counter() - t0
-                loss_sum, loss_n = 0.0, 0
+                loss_sum.zero_()
+                loss_n = 0
         finally:
             reader.close()
             embeddings.cancel_prefetch()  # batches fetched ahead past max_steps are never trained
