@@ -12,7 +12,7 @@ SYNTH_ARGS    ?=
 TRAIN_ARGS    ?=
 NPROC         ?= 2
 
-.PHONY: help install train test data train-dist bench plan clean
+.PHONY: help install train test data train-dist bench plan gpu-extra clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -45,6 +45,17 @@ bench: $(STAMP) ## embedding-layer benchmark (see README: on the GPU machine for
 
 test: $(STAMP) ## install and run the test suite
 	$(BIN)/python -m pytest -q
+
+# The GPU machine has no network and no pytest: carry pytest (pure Python) beside the bundle.
+GPU_EXTRA_PKGS := pytest _pytest pluggy iniconfig packaging pygments py.py
+gpu-extra: $(STAMP) ## pack pytest for the GPU machine into .gpu-extra/ (carry it with .gpu-bundle)
+	mkdir -p .gpu-extra
+	cd $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	  tar --exclude=__pycache__ -czf $(CURDIR)/.gpu-extra/pytest.tar.gz.tmp \
+	  $(GPU_EXTRA_PKGS) $$(ls -d pytest-*.dist-info pluggy-*.dist-info iniconfig-*.dist-info \
+	  packaging-*.dist-info pygments-*.dist-info)
+	mv .gpu-extra/pytest.tar.gz.tmp .gpu-extra/pytest.tar.gz
+	@ls -l .gpu-extra/pytest.tar.gz
 
 clean: ## remove generated data, runs and the virtualenv
 	rm -rf $(VENV) runs outputs multirun data/synth

@@ -17,9 +17,19 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 def config_dir() -> str:
-    """Absolute path of the shipped configs, whatever the working directory or install mode."""
-    import dlrm_cache.configs as pkg
+    """Absolute path of the shipped configs, whatever the working directory or install mode.
 
+    Installed (wheel or editable) they are the package ``dlrm_cache.configs``; from a plain source
+    tree on PYTHONPATH (the GPU machine's offline bundle installs nothing) they are ``configs/``
+    next to the package.
+    """
+    try:
+        import dlrm_cache.configs as pkg
+    except ModuleNotFoundError:
+        tree = Path(__file__).resolve().parent.parent / "configs"
+        if (tree / "train.yaml").is_file():
+            return str(tree)
+        raise
     return str(Path(pkg.__file__).resolve().parent)
 
 

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Everything this project checks on the GPU machine, in one call (the device tool gives ~30 min):
-#   ../shared/gpu-bundle/stage                     # once, on this side: copies the offline bundle
-#   device run, carry [".gpu-bundle"]:  source .gpu-bundle/activate && bash scripts/gpu_check.sh [PART...]
+# Everything this project checks on the GPU machine (the device tool gives ~30 min in all):
+#   ../shared/gpu-bundle/stage && make gpu-extra   # once, on this side: the offline bundle + pytest
+#   device run, carry [".gpu-bundle", ".gpu-extra"]:
+#       source .gpu-bundle/activate && bash scripts/gpu_check.sh [PART...]
 # PART: tests, embedding, train, planning (default: all four).  One device command may run 10
 # minutes; if the whole set does not fit, run the parts in separate calls.
 # Results (test log, benchmark JSON and tables) go to $OUT, which the device tool brings back.
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1  # a part cut off by the time limit still leaves its lines in $OUT
+# The GPU machine has no pytest: `make gpu-extra` packs it into .gpu-extra/ (carry it too).
+if ! python3 -c "import pytest" 2>/dev/null && [ -f .gpu-extra/pytest.tar.gz ]; then
+    mkdir -p /tmp/gpu-extra && tar -xzf .gpu-extra/pytest.tar.gz -C /tmp/gpu-extra
+    export PYTHONPATH="/tmp/gpu-extra${PYTHONPATH:+:$PYTHONPATH}"
+fi
 PARTS=" ${*:-tests embedding train planning} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
@@ -19,15 +26,15 @@ want tests && python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -40 > 
 # 2. embedding layer alone: 26 tables x 2M rows x dim 128, batch 16384, power-law ids
 want embedding && python3 -m dlrm_cache bench kind=embedding num_tables=26 rows_per_table=2000000 embedding_dim=128 \
     batch_size=16384 backends=[hbm,uvm_cache,freq_cache] cache_ratios=[0.015,0.1] warmup=10 iters=50 \
-    output="$OUT/bench-embedding.json" 2>&1 | grep -v "^W1" > "$OUT/bench-embedding.txt"
+    output="$OUT/bench-embedding.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-embedding.txt"
 
 # 3. whole DLRM step, Criteo-Kaggle cardinalities, MLPerf MLPs, batch 16384
 want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     backends=[hbm,uvm_cache,freq_cache] cache_ratios=[0.005,0.015,0.05] warmup=10 iters=30 \
-    output="$OUT/bench-train.json" 2>&1 | grep -v "^W1" > "$OUT/bench-train.txt"
+    output="$OUT/bench-train.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train.txt"
 
 # 4. the freq_cache's own work per batch (plan + copies, to a device sync)
 want planning && python3 -m dlrm_cache bench kind=planning cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     cache_ratios=[0.005,0.015,0.05] device=cuda output="$OUT/bench-planning.json" 2>&1 \
-    | grep -v "^W1" > "$OUT/bench-planning.txt"
+    | grep --line-buffered -v "^W1" > "$OUT/bench-planning.txt"
 tail -n 12 "$OUT"/*.txt

@@ -73,12 +73,14 @@ def test_freq_cache_trains_the_same_model_as_host(dataset: Path, tmp_path: Path,
 def test_gpu_training_freq_cache_equals_hbm(dataset: Path, tmp_path: Path):
     steps = ["max_steps=40", "device=cuda"]
     hbm = train(compose_train(common(dataset, tmp_path / "hbm") + steps + ["embedding=hbm"]))
+    # 25%: the cache's normal path (smaller caches send every batch of this data to the overflow path)
     cached = train(compose_train(common(dataset, tmp_path / "cache") + steps + [
-        "embedding=freq_cache", "embedding.cache_ratio=0.05", "embedding.lookahead=2"]))
+        "embedding=freq_cache", "embedding.cache_ratio=0.25", "embedding.lookahead=2"]))
     a, b = tables_and_dense(tmp_path / "hbm", 40), tables_and_dense(tmp_path / "cache", 40)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     assert cached["val_auc"] == pytest.approx(hbm["val_auc"], abs=1e-3)
+    assert cached["embedding_overflow_batches"] == 0 and cached["embedding_evictions"] > 0, cached
 
 
 @pytest.mark.gpu

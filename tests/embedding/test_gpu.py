@@ -40,23 +40,37 @@ def train_steps(backend, batches, lookahead: int, seed: int = 0) -> list[torch.T
     return outs
 
 
-@pytest.mark.parametrize("lookahead", [0, 2])
-@pytest.mark.parametrize("policy", ["freq", "lru"])
-def test_freq_cache_on_gpu_matches_hbm(policy, lookahead):
+@pytest.mark.parametrize(
+    "policy, lookahead, batch, ratio, path",
+    [
+        # the normal path: streams, events, copies from the host-mapped store (checked on CPU:
+        # these sizes neither defer nor overflow)
+        ("freq", 0, 128, 0.1, "normal"), ("freq", 2, 128, 0.1, "normal"), ("lru", 2, 128, 0.1, "normal"),
+        # a window of 3 that does not always fit: some batches deferred, prepared after a retire
+        ("lfu", 3, 128, 0.1, "deferred"),
+        # every batch larger than the cache: the overflow path
+        ("lru", 2, 256, 0.05, "overflow"),
+    ],
+)
+def test_freq_cache_on_gpu_matches_hbm(policy, lookahead, batch, ratio, path):
     tables = make_tables()
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     state = random_state(tables, optim)
     hbm = HbmBackend(tables, optim, device="cuda")
-    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=0.05, policy=policy,
+    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=ratio, policy=policy,
                              lookahead=lookahead, counts=make_counts(tables) if policy == "freq" else None)
+    assert cache.slots.row_map == "sorted" and cache.store.weight.is_cuda
     hbm.import_tables(state)
     cache.import_tables(state)
     rng = np.random.default_rng(1)
-    batches = [make_batch(rng, tables, 256) for _ in range(30)]
+    batches = [make_batch(rng, tables, batch) for _ in range(30)]
     for a, b in zip(train_steps(hbm, batches, 0), train_steps(cache, batches, lookahead)):
         torch.testing.assert_close(b, a, **GPU_TOL)
     s = cache.stats()
     assert s["evictions"] > 100 and s["rows_written_back"] > 100, s
+    assert (s["overflow_batches"] > 0) == (path == "overflow"), s
+    if path != "overflow":
+        assert (s["deferred_batches"] > 0) == (path == "deferred"), s
     assert s["transfer_wait_s"] >= 0.0 and cache.mover._waits == []
     assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)
 
@@ -95,3 +109,31 @@ def test_freq_cache_device_memory_scales_with_the_cache():
     table_bytes = 10_000_000 * optim.row_bytes(16)
     assert used < cache.cache_bytes + 2**20, (used, cache.cache_bytes)
     assert used < table_bytes / 20, (used, table_bytes)
+
+
+def test_freq_cache_flush_with_prefetched_batches_on_gpu():
+    """A checkpoint (flush) with the window prepared keeps those batches' slots dirty: on the GPU
+    the bits are cleared on the compute stream and set again on the plan stream."""
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    state = random_state(tables, optim)
+    hbm = HbmBackend(tables, optim, device="cuda")
+    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=0.1, policy="lru", lookahead=2)
+    hbm.import_tables(state)
+    cache.import_tables(state)
+    rng = np.random.default_rng(3)
+    batches = [make_batch(rng, tables, 128) for _ in range(24)]
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):
+        cache.prefetch(batches[i])
+    for i, b in enumerate(batches):
+        if i + 2 < len(batches):
+            cache.prefetch(batches[i + 2])
+        if i in (5, 11):
+            cache.flush()
+        d = b.to("cuda")
+        w = torch.randn(b.stride(), len(tables) * tables[0].dim, generator=g).cuda()
+        (hbm(d).values() * w).sum().backward()
+        (cache(d).values() * w).sum().backward()
+    assert cache.stats()["evictions"] > 100
+    assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)

@@ -288,6 +288,7 @@ class FreqCacheBackend(EmbeddingBackend):
             self.mover._move(slots, s.slot_row[slots], slots[:0], slots[:0])
             s.dirty[slots] = False
             self._stats["rows_written_back"] += slots.numel()
+            self.mover.plan_after_compute()  # the bits above were cleared on the compute stream
             self._remark_queued()
         self.mover.sync()
 
@@ -309,6 +310,7 @@ class FreqCacheBackend(EmbeddingBackend):
         slots, rows = self.slots.resident()
         self.mover._move(slots[:0], rows[:0], slots, rows)
         self.slots.dirty[:] = False
+        self.mover.plan_after_compute()
         self._remark_queued()
         self.mover.sync()
 
@@ -528,6 +530,7 @@ class FreqCacheBackend(EmbeddingBackend):
             slots = self._slot_of(rows)
             self._count_hits_overflow(b, rows, resident, inverse)
         self.mover.sync()
+        self.mover.use_on_compute(rows, slots, inverse)  # plan-stream tensors read on compute from here
         res = slots >= 0
         optim = dataclasses.replace(self.optim, lr=self._lr)
         tmp = make_tbe([rows.numel()], self.dim, optim, self.device, feature_table_map=[0] * len(self.tables))
@@ -543,9 +546,7 @@ class FreqCacheBackend(EmbeddingBackend):
         b.train = torch.is_grad_enabled()
         b.overflow = dict(tbe=tmp, rows=rows, slots=slots, res=res, optim=optim)
         offsets = features.offsets().to(self.device, dtype=torch.int64)
-        idx = inverse.reshape(-1)
-        self.mover.use_on_compute(idx)
-        out = tmp(idx, offsets)
+        out = tmp(inverse.reshape(-1), offsets)
         self._inflight.append(b)
         return out
 
