@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,28 +191,34 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
                                cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead, policy=cfg.policy)
         t_an = t_pre = 0.0
-        for i in range(cfg.warmup + cfg.iters):
-            kjt = host[i % len(host)].sparse
-            _sync(device)  # the previous batch's forward is not this prefetch's time
-            t = time.perf_counter()
-            a = emb.analyze(kjt)
-            t1 = time.perf_counter()
-            emb.prefetch(kjt, a)
-            _sync(device)
-            t2 = time.perf_counter()
-            emb.forward(kjt.to(device))
-            emb.step_done()
-            if i == cfg.warmup - 1:
-                emb.stats()
-            if i >= cfg.warmup:
-                t_an, t_pre = t_an + t1 - t, t_pre + t2 - t1
+        total, window = cfg.warmup + cfg.iters, deque()
+        # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
+        for i in range(total + cfg.lookahead):
+            if i < total:
+                kjt = host[i % len(host)].sparse
+                _sync(device)  # the previous batch's forward is not this prefetch's time
+                t = time.perf_counter()
+                a = emb.analyze(kjt)
+                t1 = time.perf_counter()
+                emb.prefetch(kjt, a)
+                _sync(device)
+                t2 = time.perf_counter()
+                window.append(kjt)
+                if i == cfg.warmup:
+                    emb.stats()
+                if i >= cfg.warmup:
+                    t_an, t_pre = t_an + t1 - t, t_pre + t2 - t1
+            if len(window) > cfg.lookahead or i >= total:
+                emb.forward(window.popleft().to(device))
+                emb.step_done()
         stats = emb.stats()
         r = {"variant": f"freq_cache {ratio:.1%} {cfg.policy} planning", "analyze_ms": 1000 * t_an / cfg.iters,
              "prefetch_ms": 1000 * t_pre / cfg.iters, "hit_rate": stats["hit_rate"],
              "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters, "stats": stats}
         print(f"  {r['variant']:<28} analyze (loader thread) {r['analyze_ms']:7.2f} ms/batch  "
               f"prefetch (training thread, to a device sync) {r['prefetch_ms']:7.2f} ms/batch  hit {r['hit_rate']:.4f}  "
-              f"rows loaded/batch {r['rows_loaded_per_batch']:,.0f}", flush=True)
+              f"rows loaded/batch {r['rows_loaded_per_batch']:,.0f}  deferred {stats['deferred_batches']:.0f}"
+              f"  overflow {stats['overflow_batches']:.0f}", flush=True)
         results.append(r)
         del emb
     return results
