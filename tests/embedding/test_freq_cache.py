@@ -76,8 +76,10 @@ def pair(tables, optim, seed=0, **cache_kw):
     return host, cache
 
 
-def run_training(host, cache, batches, lookahead: int, seed: int = 0, eval_every: int = 0, rng=None):
-    """The trainer's loop on both backends: prefetch ``lookahead`` ahead, forward, loss, backward."""
+def run_training(host, cache, batches, lookahead: int, seed: int = 0, eval_every: int = 0, rng=None,
+                 before_step=None):
+    """The trainer's loop on both backends: prefetch ``lookahead`` ahead, forward, loss, backward.
+    ``before_step(i)`` runs before step ``i``'s forward, with the window prefetched (a checkpoint)."""
     g = torch.Generator().manual_seed(seed)
     T = len(host.tables)
     for i in range(min(lookahead, len(batches))):
@@ -85,6 +87,8 @@ def run_training(host, cache, batches, lookahead: int, seed: int = 0, eval_every
     for i, b in enumerate(batches):
         if lookahead and i + lookahead < len(batches):
             cache.prefetch(batches[i + lookahead])
+        if before_step is not None:
+            before_step(i)
         w = torch.randn(b.stride(), T * DIM, generator=g)
         out_h, out_c = host(b).values(), cache(b).values()
         torch.testing.assert_close(out_c, out_h, msg=lambda m: f"step {i}: {m}", **TOL)
@@ -193,17 +197,8 @@ def test_flush_with_prefetched_batches_keeps_their_updates():
     host, cache = pair(tables, optim, cache_ratio=0.05, policy="lfu", lookahead=3)
     rng = np.random.default_rng(12)
     batches = [make_batch(rng, tables, 128) for _ in range(24)]
-    g = torch.Generator().manual_seed(0)
-    for i in range(3):
-        cache.prefetch(batches[i])
-    for i, b in enumerate(batches):
-        if i + 3 < len(batches):
-            cache.prefetch(batches[i + 3])
-        if i in (5, 6, 13):
-            cache.flush() if i != 6 else cache.export_tables()
-        w = torch.randn(b.stride(), len(tables) * DIM, generator=g)
-        (host(b).values() * w).sum().backward()
-        (cache(b).values() * w).sum().backward()
+    checkpoints = {5: cache.flush, 6: cache.export_tables, 13: cache.flush}
+    run_training(host, cache, batches, lookahead=3, before_step=lambda i: i in checkpoints and checkpoints[i]())
     assert cache.stats()["evictions"] > 100
     assert_tables_equal(cache.export_tables(), host.export_tables())
 

@@ -23,8 +23,9 @@ pytestmark = [
 GPU_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-def train_steps(backend, batches, lookahead: int, seed: int = 0) -> list[torch.Tensor]:
-    """The trainer's protocol: prefetch the host batch `lookahead` ahead, forward its device copy."""
+def train_steps(backend, batches, lookahead: int, seed: int = 0, flush_at=()) -> list[torch.Tensor]:
+    """The trainer's protocol: prefetch the host batch `lookahead` ahead, forward its device copy;
+    ``flush_at``: steps before which the backend is flushed with the window prefetched (a checkpoint)."""
     g = torch.Generator().manual_seed(seed)
     outs = []
     for i in range(min(lookahead, len(batches))):
@@ -32,6 +33,8 @@ def train_steps(backend, batches, lookahead: int, seed: int = 0) -> list[torch.T
     for i, b in enumerate(batches):
         if lookahead and i + lookahead < len(batches):
             backend.prefetch(batches[i + lookahead])
+        if i in flush_at:
+            backend.flush()
         out = backend(b.to("cuda")).values()
         w = torch.randn(out.shape, generator=g).cuda()
         (out * w).sum().backward()
@@ -123,17 +126,7 @@ def test_freq_cache_flush_with_prefetched_batches_on_gpu():
     cache.import_tables(state)
     rng = np.random.default_rng(3)
     batches = [make_batch(rng, tables, 128) for _ in range(24)]
-    g = torch.Generator().manual_seed(0)
-    for i in range(2):
-        cache.prefetch(batches[i])
-    for i, b in enumerate(batches):
-        if i + 2 < len(batches):
-            cache.prefetch(batches[i + 2])
-        if i in (5, 11):
-            cache.flush()
-        d = b.to("cuda")
-        w = torch.randn(b.stride(), len(tables) * tables[0].dim, generator=g).cuda()
-        (hbm(d).values() * w).sum().backward()
-        (cache(d).values() * w).sum().backward()
+    for a, b in zip(train_steps(hbm, batches, 0), train_steps(cache, batches, 2, flush_at=(5, 11))):
+        torch.testing.assert_close(b, a, **GPU_TOL)
     assert cache.stats()["evictions"] > 100
     assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)
