@@ -60,13 +60,18 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     return make, optim, counts
 
 
+def host_budget(cfg: DictConfig, local_ranks: int) -> float:
+    """Host bytes per rank for embedding tables: host_memory_gb, else MemAvailable shared by the ranks."""
+    return cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(local_ranks)
+
+
 def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim) -> None:
     """Fail before allocating when the tables cannot fit in host memory (one process).
 
     Start-up holds the initial rows (built on the host) next to the placement's own host copy
     (every placement but hbm keeps all rows in host memory).
     """
-    budget = cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(1)
+    budget = host_budget(cfg, 1)
     table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
     copies = 1 if cfg.embedding._target_.endswith("HbmBackend") else 2
     if table_bytes * copies > budget:
@@ -91,8 +96,7 @@ def build_embeddings(
         embeddings = make(tables)
         embeddings.import_tables(initial_state(tables, optim, cfg.seed))
         return embeddings
-    budget = cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(
-        info.local_world_size)
+    budget = host_budget(cfg, info.local_world_size)
     placement = plan_placement(tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"),
                                counts, cfg.shard_rows_above)
     if info.is_main:
