@@ -176,7 +176,6 @@ class FreqCacheBackend(EmbeddingBackend):
         else:
             static_rows = np.floor(static_fraction * cache_rows).astype(np.int64)
             num_static = int(static_rows.sum())
-        self.cache_rows_per_table = cache_rows
         # TBE slots + the per-slot bookkeeping (slot_row, score: 8 B; pin: 4 B; dirty, map: 17 B)
         self.cache_bytes = num_slots * (optim.row_bytes(self.dim) + 37)
         if self.device.type == "cuda":
@@ -285,7 +284,7 @@ class FreqCacheBackend(EmbeddingBackend):
         s = self.slots
         slots = torch.nonzero(s.dirty).squeeze(1)
         if slots.numel():
-            self.mover._move(slots, s.slot_row[slots], slots[:0], slots[:0])
+            self.mover.move_now(slots, s.slot_row[slots], slots[:0], slots[:0])
             s.dirty[slots] = False
             self._stats["rows_written_back"] += slots.numel()
             self.mover.plan_after_compute()  # the bits above were cleared on the compute stream
@@ -308,7 +307,7 @@ class FreqCacheBackend(EmbeddingBackend):
         self.mover.sync()
         self.store.load(state)
         slots, rows = self.slots.resident()
-        self.mover._move(slots[:0], rows[:0], slots, rows)
+        self.mover.move_now(slots[:0], rows[:0], slots, rows)
         self.slots.dirty[:] = False
         self.mover.plan_after_compute()
         self._remark_queued()
@@ -434,12 +433,13 @@ class FreqCacheBackend(EmbeddingBackend):
             hit = su >= 0
             hit_i = hit.to(torch.int32)
             s.pin.index_add_(0, su.clamp(min=0), hit_i)
-            n_miss, n_free = torch.stack([(~hit).sum(), (s.pin[s.num_static:] == 0).sum()]).tolist()
+            free = s.pin[s.num_static:] == 0
+            n_miss, n_free = torch.stack([(~hit).sum(), free.sum()]).tolist()
             if n_miss:
                 if n_miss > n_free:
                     s.pin.index_add_(0, su.clamp(min=0), -hit_i)
                     return False
-                victims = self.policy.choose(n_miss, n_free)
+                victims = self.policy.choose(n_miss, free)
                 miss_idx = torch.nonzero(~hit).squeeze(1)
                 self._evict_and_load(victims, b.uniq[miss_idx])
                 s.pin[victims] += 1

@@ -68,17 +68,18 @@ class Mover:
     def move(self, wb_slots: torch.Tensor, wb_rows: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``wb_slots`` back to ``wb_rows``, then fill ``slots`` with (non-resident) ``rows``."""
         if not self.cuda:
-            self._move(wb_slots, wb_rows, slots, rows)
+            self.move_now(wb_slots, wb_rows, slots, rows)
             return
         self.copy.wait_stream(self.compute)
         self.copy.wait_stream(self.plan)
         with torch.cuda.stream(self.copy):
-            self._move(wb_slots, wb_rows, slots, rows)
+            self.move_now(wb_slots, wb_rows, slots, rows)
         for t in (wb_slots, wb_rows, slots, rows):
             t.record_stream(self.copy)
 
     @torch.no_grad()
-    def _move(self, wb_slots, wb_rows, slots, rows) -> None:
+    def move_now(self, wb_slots, wb_rows, slots, rows) -> None:
+        """``move`` on the current stream, with no stream hand-offs (flush, import: after ``sync``)."""
         st = self.store
         if wb_slots.numel():
             st.weight.index_copy_(0, wb_rows, self.cache_w.index_select(0, wb_slots))

@@ -71,12 +71,15 @@ class EvictionPolicy:
             return rows[:k]  # all equally recent
         return rows[torch.topk(self._row_score(rows), k).indices]
 
-    def choose(self, k: int, n_free: int | None = None) -> torch.Tensor | None:
-        """``k`` unpinned dynamic slots to (re)fill, or None when fewer than ``k`` are free
-        (``n_free``: the caller already read how many are)."""
+    def choose(self, k: int, free: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``k`` unpinned dynamic slots to (re)fill, or None when fewer than ``k`` are free.
+
+        ``free``: the dynamic slots' unpinned mask, from a caller that already checked it has ``k``.
+        """
         s = self.slots
-        free = s.pin[s.num_static:] == 0
-        if k > (int(free.sum()) if n_free is None else n_free):
-            return None
+        if free is None:
+            free = s.pin[s.num_static:] == 0
+            if k > int(free.sum()):
+                return None
         score = torch.where(free, self.slot_score[s.num_static:], torch.inf)
         return torch.topk(score, k, largest=False, sorted=False).indices + s.num_static
