@@ -44,9 +44,13 @@ def _plan(cfg: DictConfig) -> None:
 
 
 def _bench(cfg: DictConfig) -> None:
-    from .bench.run import bench
+    from .bench.run import BenchFailed, bench
 
-    bench(cfg)
+    try:
+        bench(cfg)
+    except BenchFailed as e:  # the rows and their tracebacks are printed above
+        print(f"dlrm-cache bench: failed: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 # command -> (config name, function, one-line help)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -52,3 +53,28 @@ def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1
     expected = plan_table(load_counts(processed_synth), [0.01, 0.05, 0.2])
     np.testing.assert_allclose(hits, [r["hit_rate"] for r in expected])
+
+
+def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(capsys):
+    """hbm cannot run without a GPU: skipped with the reason, the other rows still run (exit 0).
+    A row that crashes (an invalid policy here) is not hidden: the CLI exits 1 with the reason."""
+    from dlrm_cache.cli import main
+
+    common = ["kind=embedding", "num_tables=2", "rows_per_table=300", "batch_size=32", "embedding_dim=8",
+              "warmup=1", "iters=2", "distinct_batches=2", "device=cpu"]
+    if not torch.cuda.is_available():
+        main(["bench", *common, "backends=[hbm,host]"])
+        out = capsys.readouterr().out
+        assert "hbm                      skipped: embedding=hbm needs a CUDA GPU" in out
+        assert "speed relative to host" in out
+        with pytest.raises(SystemExit) as e:  # nothing could run at all
+            main(["bench", *common, "backends=[hbm]"])
+        assert e.value.code == 1
+        assert "no placement could run on this machine" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *common, "backends=[host,freq_cache]", "policy=fifo"])
+    assert e.value.code == 1
+    captured = capsys.readouterr()
+    assert "freq_cache 1.5%          FAILED: ValueError: embedding.policy='fifo'" in captured.out
+    assert "dlrm-cache bench: failed: freq_cache 1.5%: ValueError: embedding.policy='fifo'" in captured.err
+    assert "Traceback" in captured.err

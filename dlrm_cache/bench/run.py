@@ -10,13 +10,19 @@
 Every backend runs in the same process on the same batches; results are reported as ms/iter and as
 a ratio against the first baseline present (``hbm``, else ``host``), so figures compare within one
 run.  Timings are wall-clock around a device synchronize, after ``warmup`` untimed iterations.
+
+A placement that cannot run on this machine (:class:`DeviceUnavailable`, e.g. hbm without a GPU) is
+skipped with its reason; any other error in a row is printed with its traceback and makes the bench
+fail (:class:`BenchFailed`, exit status 1) after the other rows ran, as does a run where no row ran.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +35,7 @@ from omegaconf import DictConfig
 
 from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
 from ..data.loader import Batch, Prefetcher, make_batch
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
+from ..embedding.base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
 from ..train.loop import analyze_in_loader, lookahead_window
@@ -40,6 +46,10 @@ TARGETS = {
     "uvm_cache": "dlrm_cache.embedding.direct.UvmCacheBackend",
     "freq_cache": "dlrm_cache.embedding.freq_cache.FreqCacheBackend",
 }
+
+
+class BenchFailed(RuntimeError):
+    """Rows of the benchmark crashed, or none could run: the message says which and why."""
 
 
 @dataclass
@@ -87,6 +97,14 @@ def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: 
 def _copy(b: Batch) -> Batch:
     """A fresh Batch object per step (the cache matches prefetched batches by identity)."""
     return Batch(b.dense, b.sparse, b.labels)
+
+
+def init_device(device: torch.device) -> None:
+    """Initialise CUDA on ``device`` before anything queries it: on a fresh process
+    ``torch.cuda.reset_peak_memory_stats`` fails with "Invalid device argument" until the first
+    allocation there (seen on the H100, 2026-11-23)."""
+    if device.type == "cuda":
+        torch.zeros(1, device=device)
 
 
 def _sync(device: torch.device) -> None:
@@ -228,6 +246,7 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
     if cfg.kind not in ("embedding", "train", "planning"):
         raise ValueError(f"kind={cfg.kind!r}: choose embedding, train or planning")
     device = resolve_device(cfg.device)
+    init_device(device)
     if cfg.kind == "embedding":
         sizes = [cfg.rows_per_table] * cfg.num_tables
     else:
@@ -249,8 +268,12 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
     for v in variants(cfg):
         try:
             r = run_one(cfg, v, tables, batches, device, counts)
-        except (RuntimeError, ValueError) as e:  # e.g. a CUDA-only backend on a CPU machine
+        except DeviceUnavailable as e:  # e.g. a CUDA-only backend on a CPU machine
             r = {"variant": v.label, "error": str(e).splitlines()[0]}
+        except Exception as e:  # noqa: BLE001 -- reported below and fails the run, after the other rows
+            traceback.print_exc(file=sys.stderr)
+            r = {"variant": v.label, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                 "crashed": True}
         results.append(r)
         print(_row(r), flush=True)
     base = next((r for name in ("hbm", "host") for r in results if r["variant"] == name and "error" not in r), None)
@@ -264,12 +287,22 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
                 print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x")
     if cfg.output:
         atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+    check_rows(results)
     return results
+
+
+def check_rows(results: list[dict[str, Any]]) -> None:
+    """Raise :class:`BenchFailed` when a row crashed or when no row ran at all."""
+    crashed = [r for r in results if r.get("crashed")]
+    if crashed or all("error" in r for r in results):
+        bad = crashed or results
+        raise BenchFailed("; ".join(f"{r['variant']}: {r['error']}" for r in bad)
+                          + ("" if crashed else " (no placement could run on this machine)"))
 
 
 def _row(r: dict[str, Any]) -> str:
     if "error" in r:
-        return f"  {r['variant']:<24} skipped: {r['error']}"
+        return f"  {r['variant']:<24} {'FAILED' if r.get('crashed') else 'skipped'}: {r['error']}"
     st = r.get("stats", {})
     waits = ""
     if "stall_s" in st:  # freq_cache: where its time went (per timed iteration)

@@ -16,6 +16,11 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 
+class DeviceUnavailable(ValueError):
+    """A placement that cannot run on this machine (e.g. a CUDA-only one without a GPU): callers
+    that try several placements (``bench``) skip it with the reason instead of failing."""
+
+
 @dataclass(frozen=True)
 class TableSpec:
     name: str  # the feature name, e.g. "C3"

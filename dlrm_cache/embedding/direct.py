@@ -10,7 +10,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from .base import EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim
+from .base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim
 from .tbe import CACHE_ALGORITHMS, make_tbe, momentum_view, weights_view
 
 
@@ -153,7 +153,7 @@ class UvmCacheBackend(TbeBackend):
 def _require_cuda(device, name: str) -> torch.device:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(
+        raise DeviceUnavailable(
             f"embedding={name} needs a CUDA GPU (device={device}, cuda available: "
             f"{torch.cuda.is_available()}); use embedding=host on machines without one"
         )

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch, shared_dim
+from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch, shared_dim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
 from .policy import POLICIES, EvictionPolicy
@@ -155,7 +155,7 @@ class FreqCacheBackend(EmbeddingBackend):
             flat_counts = np.concatenate(parts)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
+            raise DeviceUnavailable(
                 f"embedding=freq_cache on device={self.device} but CUDA is not available; "
                 "use device=cpu (the cache logic is the same) or embedding=host"
             )
