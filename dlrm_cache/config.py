@@ -103,6 +103,9 @@ class FreqCacheEmbeddingConfig:
     lookahead: int = 2  # batches whose rows are fetched ahead (0 = synchronous)
     static_fraction: float = 0.5  # share of the cache pinned to the hottest rows (never evicted)
     row_map: str = "auto"  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row) | auto
+    # samples per step whose ids the look-ahead window must hold (the trainer's global data.batch_size;
+    # 0: no sizing, the window gets what cache_ratio leaves)
+    batch_size: int = 0
 
 
 # --------------------------------------------------------------------------- commands
@@ -136,6 +139,9 @@ class PlanConfig:
     embedding_dim: int = 128  # for the memory column
     per_table: bool = False  # also print each table's hit rate
     output: Optional[str] = None  # write the predictions as JSON here
+    static_fraction: float = 0.5  # as embedding.static_fraction
+    lookahead: int = 2  # as embedding.lookahead: batches whose rows are fetched ahead
+    batch_size: int = 16384  # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
 
 
 @dataclass

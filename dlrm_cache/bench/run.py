@@ -71,7 +71,8 @@ def variants(cfg: DictConfig) -> list[Variant]:
         elif name == "freq_cache":
             for r in cfg.cache_ratios:
                 out.append(Variant(f"freq_cache {r:.1%}", name,
-                                   {"cache_ratio": r, "lookahead": cfg.lookahead, "policy": cfg.policy}))
+                                   {"cache_ratio": r, "lookahead": cfg.lookahead, "policy": cfg.policy,
+                                    "batch_size": cfg.batch_size}))
         else:
             out.append(Variant(name, name, {}))
     return out
@@ -207,7 +208,8 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     results = []
     for ratio in cfg.cache_ratios:
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
-                               cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead, policy=cfg.policy)
+                               cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead, policy=cfg.policy,
+                               batch_size=cfg.batch_size)
         t_an = t_pre = 0.0
         total, window = cfg.warmup + cfg.iters, deque()
         # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows

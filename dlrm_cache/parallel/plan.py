@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..embedding.base import SparseOptim, TableSpec
+from ..embedding.freq_cache.plan import cache_rows_for
 
 # A lookup that misses the device cache moves a row over PCIe and back: several hits' worth of work.
 MISS_COST = 8.0
@@ -124,7 +125,7 @@ def plan_placement(
         if cache_ratio is None:
             cache_rows[s.name], hit = n, 1.0
         else:
-            cache_rows[s.name] = k = max(1, math.ceil(cache_ratio * n))
+            cache_rows[s.name] = k = cache_rows_for(n, cache_ratio)  # as the shard's cache sizes it
             if c is not None:
                 seg = np.sort(c[s.lo : s.hi])[::-1]
                 hit = float(seg[:k].sum() / max(seg.sum(), 1.0))

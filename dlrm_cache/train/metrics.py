@@ -92,7 +92,8 @@ def _fmt(v) -> str:
 
 
 # Embedding stats that describe the cache (take the latest value) rather than count events.
-_LEVELS = {"cache_bytes", "cache_rows", "static_rows"}
+_LEVELS = {"cache_bytes", "cache_rows", "static_rows", "static_bytes", "window_rows", "window_bytes",
+           "window_needed_rows"}
 
 
 class StatsTotals:

@@ -8,6 +8,10 @@ float32 ulps.
 
 from __future__ import annotations
 
+import logging
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +20,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, same_batch
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table, predict_hit_rate
+from dlrm_cache.embedding.freq_cache.plan import WINDOW_SIGMAS, cache_layout
+from dlrm_cache.parallel.plan import plan_placement
 
 DIM = 8
 SIZES = [2000, 5000, 60, 3000]
@@ -445,3 +451,77 @@ def test_deferred_batch_is_not_loaded_while_a_backward_is_pending():
     run_training(host, cache, batches, lookahead=2)
     assert cache.stats()["deferred_batches"] > 0
     assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+# ------------------------------------------------------------------------------------- 5. layout
+@pytest.mark.parametrize("ratio", [0.07, 0.015, 0.5])
+def test_backend_plan_and_sharding_planner_agree_on_slots(ratio):
+    # 0.07 * 100 is 7.000000000000001 in floating point: a plain ceil gave the sharding planner 8 slots
+    sizes = [100, 300, 7, 1000]
+    tables = make_tables(sizes)
+    counts = make_counts(tables)
+    optim = SparseOptim("rowwise_adagrad")
+    cache = FreqCacheBackend(tables, optim, device="cpu", cache_ratio=ratio, counts=counts)
+    from_backend = cache.stats()["cache_rows"]
+    from_plan = plan_table(counts, [ratio], lookahead=0, batch_size=0)[0]["cache_rows"]
+    placement = plan_placement(tables, 1, optim, float("inf"), ratio, counts)
+    from_sharding = sum(placement.cache_rows.values())
+    expected = sum(min(n, max(1, math.ceil(Fraction(str(ratio)) * n))) for n in sizes)  # exact arithmetic
+    assert from_backend == from_plan == from_sharding == expected
+
+
+def test_window_region_holds_the_lookahead_window(caplog):
+    """120 slots at 2% of 6000 rows, 60 of them dynamic: a window of 5 batches of 24 samples does
+    not fit (test_window_too_large_is_deferred_not_crashed defers there).  Told the batch size, the
+    cache sizes its window region itself: nothing deferred, nothing overflows, same numbers."""
+    tables = make_tables([3000, 3000])
+    counts = make_counts(tables)
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    with caplog.at_level(logging.INFO, logger="dlrm_cache"):
+        host, cache = pair(tables, optim, cache_ratio=0.02, policy="freq", lookahead=4, counts=counts,
+                           static_fraction=0.5, batch_size=24)
+    grown = [r for r in caplog.records if "window region sized to" in r.getMessage()]
+    assert len(grown) == 1, caplog.records
+    layout = cache_layout([3000, 3000], 0.02, 0.5, list(counts.values()), lookahead=4, batch_size=24)
+    assert layout.window_rows > 60 and layout.added_rows == layout.window_rows - 60
+    rng = np.random.default_rng(6)
+    batches = [make_batch(rng, tables, 24, a=1.1, multi_hot=set()) for _ in range(16)]
+    run_training(host, cache, batches, lookahead=4)
+    s = cache.stats()
+    assert (s["deferred_batches"], s["overflow_batches"]) == (0, 0), s
+    assert s["cache_rows"] == layout.num_slots and s["static_rows"] == layout.num_static == 60
+    assert s["window_rows"] == layout.window_rows and s["window_needed_rows"] == layout.window_needed
+    slot_bytes = optim.row_bytes(tables[0].dim) + 37
+    assert s["static_bytes"] == 60 * slot_bytes and s["window_bytes"] == layout.window_rows * slot_bytes
+    assert s["cache_bytes"] == s["static_bytes"] + s["window_bytes"]
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_window_estimate_bounds_the_sampled_distinct_rows():
+    """The estimate against an independent count: distinct non-static rows of sampled windows."""
+    rows, draws = [5000, 800], 3 * 512
+    counts = [np.round(zipf_probs(n, 1.05) * 1e7) for n in rows]
+    layout = cache_layout(rows, 0.01, 0.5, counts, lookahead=2, batch_size=512)
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(200):
+        n = 0
+        for t, c in enumerate(counts):
+            ids = rng.choice(rows[t], size=draws, p=c / c.sum())
+            n += np.unique(ids[ids >= layout.static_rows[t]]).size
+        seen.append(n)
+    seen = np.array(seen)
+    assert seen.max() <= layout.window_needed
+    # the margin is WINDOW_SIGMAS standard deviations over the mean, no more
+    margin = layout.window_needed - seen.mean()
+    assert WINDOW_SIGMAS * seen.std() * 0.7 < margin < WINDOW_SIGMAS * seen.std() * 1.3 + 1, (margin, seen.std())
+
+
+def test_no_counts_bound_and_no_sizing():
+    # without counts the window bound is min(non-static rows, draws) per table
+    layout = cache_layout([1000, 10], 0.1, 0.5, None, global_static=False, lookahead=1, batch_size=100)
+    assert layout.static_rows.tolist() == [50, 0] and layout.window_needed == 200 + 10
+    assert layout.num_slots == 50 + 210
+    # batch_size 0: the window is what the ratio leaves
+    layout = cache_layout([1000, 10], 0.1, 0.5, None, global_static=False)
+    assert (layout.window_needed, layout.added_rows, layout.num_slots) == (0, 0, 101)

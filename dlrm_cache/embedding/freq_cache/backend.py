@@ -56,7 +56,7 @@ Dirty tracking
 from __future__ import annotations
 
 import dataclasses
-import math
+import logging
 import time
 from collections import deque
 from typing import Any
@@ -68,9 +68,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch, shared_dim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
+from .plan import cache_layout
 from .policy import POLICIES, EvictionPolicy
 from .slots import SlotTable
 from .store import HostStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -115,6 +118,7 @@ class FreqCacheBackend(EmbeddingBackend):
         static_fraction: float = 0.5,
         counts: dict[str, Any] | None = None,
         row_map: str = "auto",
+        batch_size: int = 0,
     ) -> None:
         super().__init__(tables, optim)
         # ---- validation: everything before a byte is allocated
@@ -127,6 +131,8 @@ class FreqCacheBackend(EmbeddingBackend):
             raise ValueError(f"embedding.static_fraction={static_fraction!r}: must be in [0, 1]")
         if int(lookahead) != lookahead or lookahead < 0:
             raise ValueError(f"embedding.lookahead={lookahead!r}: must be an integer >= 0")
+        if int(batch_size) != batch_size or batch_size < 0:
+            raise ValueError(f"embedding.batch_size={batch_size!r}: must be an integer >= 0")
         if row_map not in ("auto", "sorted", "dense"):
             raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
         if policy == "freq" and counts is None:
@@ -164,18 +170,20 @@ class FreqCacheBackend(EmbeddingBackend):
         self.policy_name = policy
 
         rows = np.array([t.num_rows for t in tables], dtype=np.int64)
-        cache_rows = np.maximum(1, np.ceil(self.cache_ratio * rows - 1e-9)).astype(np.int64)
-        cache_rows = np.minimum(cache_rows, rows)
-        num_slots = int(cache_rows.sum())
-        num_static = int(math.floor(static_fraction * num_slots))
-        if flat_counts is not None and policy == "freq" and num_static > 0:
-            # The globally hottest rows; per table a prefix of ranks (counts follow rank order).
-            top = np.argpartition(-flat_counts, num_static - 1)[:num_static]
-            row_off = np.concatenate([[0], np.cumsum(rows)])
-            static_rows = np.bincount(np.searchsorted(row_off, top, side="right") - 1, minlength=len(tables))
-        else:
-            static_rows = np.floor(static_fraction * cache_rows).astype(np.int64)
-            num_static = int(static_rows.sum())
+        row_off = np.concatenate([[0], np.cumsum(rows)])
+        table_counts = None if flat_counts is None else [flat_counts[a:b] for a, b in zip(row_off[:-1], row_off[1:])]
+        self.layout = cache_layout(rows, self.cache_ratio, static_fraction, table_counts,
+                                   global_static=policy == "freq", lookahead=self.lookahead, batch_size=batch_size)
+        num_slots, num_static = self.layout.num_slots, self.layout.num_static
+        static_rows = self.layout.static_rows
+        if self.layout.added_rows > 0:
+            log.info(
+                "freq_cache: cache_ratio=%g gives %s window slots, but %d look-ahead batches of %d samples "
+                "need ~%s distinct rows at once: window region sized to %s rows (+%s slots, +%.1f MiB)",
+                self.cache_ratio, f"{int(self.layout.ratio_rows.sum()) - num_static:,}", self.lookahead + 1,
+                batch_size, f"{self.layout.window_needed:,}", f"{self.layout.window_rows:,}",
+                f"{self.layout.added_rows:,}", self.layout.added_rows * (optim.row_bytes(self.dim) + 37) / 2**20,
+            )
         # TBE slots + the per-slot bookkeeping (slot_row, score: 8 B; pin: 4 B; dirty, map: 17 B)
         self.cache_bytes = num_slots * (optim.row_bytes(self.dim) + 37)
         if self.device.type == "cuda":
@@ -192,8 +200,8 @@ class FreqCacheBackend(EmbeddingBackend):
         self.store = HostStore(self.tables, optim, self.dim, dev,
                                counts=flat_counts if policy == "freq" else None, observed=observed)
         self.row_offsets = self.store.row_offsets
-        self.static_rows = static_rows.astype(np.int64)
-        self.static_offsets = np.concatenate([[0], np.cumsum(self.static_rows)[:-1]]).astype(np.int64)
+        self.static_rows = static_rows
+        self.static_offsets = self.layout.static_offsets
         # small per-table constants on the device, for the vectorized analysis
         self._t_rows = torch.from_numpy(rows).to(dev)
         self._t_row_off = torch.from_numpy(self.row_offsets).to(dev)
@@ -337,9 +345,14 @@ class FreqCacheBackend(EmbeddingBackend):
         out["transfer_wait_s"] = self.mover.transfer_wait_s()
         out["overflow_batches"] = float(dev["overflow_batches"])
         out["deferred_batches"] = float(dev["deferred_batches"])
+        slot_bytes = self.cache_bytes / self.slots.num_slots
         out["cache_bytes"] = float(self.cache_bytes)
         out["cache_rows"] = float(self.slots.num_slots)
         out["static_rows"] = float(self.slots.num_static)
+        out["static_bytes"] = float(self.slots.num_static * slot_bytes)
+        out["window_rows"] = float(self.slots.num_dynamic)
+        out["window_bytes"] = float(self.slots.num_dynamic * slot_bytes)
+        out["window_needed_rows"] = float(self.layout.window_needed)
         self._stats = self._zero_stats()
         self.mover.plan_after_compute()  # fresh counters, filled on the compute stream
         return out

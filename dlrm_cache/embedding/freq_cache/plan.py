@@ -1,4 +1,9 @@
-"""Hit-rate predictions from dataset counts: what a cache of a given size can achieve.
+"""The cache's layout, and hit-rate predictions from dataset counts.
+
+``cache_layout`` is the one function that decides how many slots the freq_cache has, how many of
+them are static and how many form the window (dynamic) region; the backend, ``dlrm-cache plan``
+and the sharding planner (parallel/plan.py) all call it, so they cannot disagree.
+
 
 A static frequency cache holding the ``k`` most frequent rows serves exactly the accesses to those
 rows; on i.i.d. batches that is also what the ``freq`` policy converges to (its dynamic region keeps
@@ -9,10 +14,15 @@ concatenated counts; the per-table numbers are what separate per-table caches wo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Mapping, Sequence
 
 import numpy as np
+
+# Window region margin over the expected distinct rows of the window's batches, in standard
+# deviations (the count of distinct rows among independent draws has variance below its mean).
+WINDOW_SIGMAS = 4.0
 
 
 def _as_counts(counts) -> np.ndarray:
@@ -32,13 +42,112 @@ def predict_hit_rate(counts, cache_rows: int) -> float:
 
 
 def cache_rows_for(num_rows: int, ratio: float) -> int:
-    """The slots a table contributes to the cache at ``ratio`` (as the backend sizes it)."""
+    """The slots a table (or shard) of ``num_rows`` contributes to the cache at ``ratio``.
+
+    The epsilon keeps float noise from adding a slot (``0.07 * 100`` is ``7.000000000000001``)."""
     return min(num_rows, max(1, math.ceil(ratio * num_rows - 1e-9)))
 
 
-def plan_table(counts_by_table: Mapping[str, object], ratios: Sequence[float]) -> list[dict]:
-    """One dict per ratio: ``ratio``, ``cache_rows`` (all tables), ``hit_rate`` (pooled cache, what
-    the freq_cache predicts), ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate}."""
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """Slots of a freq_cache: ``[0, num_static)`` static (table ``t``'s hottest ``static_rows[t]``
+    rows at ``static_offsets[t] + rank``), then ``window_rows`` dynamic slots for the look-ahead
+    window and the eviction policy."""
+
+    ratio_rows: np.ndarray  # per table: the slots ``cache_ratio`` gives it (cache_rows_for)
+    static_rows: np.ndarray  # per table: its rows in the static region
+    window_rows: int  # the dynamic region
+    window_needed: int  # estimated distinct non-static rows of lookahead+1 batches (0: not sized)
+
+    @property
+    def num_static(self) -> int:
+        return int(self.static_rows.sum())
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_static + self.window_rows
+
+    @property
+    def static_offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.static_rows)[:-1]]).astype(np.int64)
+
+    @property
+    def added_rows(self) -> int:
+        """Slots beyond the ratio's, added so that the window fits."""
+        return self.num_slots - int(self.ratio_rows.sum())
+
+
+def expected_window_rows(
+    rows: Sequence[int], static_rows: Sequence[int], counts: Sequence[np.ndarray] | None, draws: int
+) -> int:
+    """Distinct non-static rows among ``draws`` ids per table (one id per sample and table, drawn
+    by the dataset's frequencies), plus a margin of ``WINDOW_SIGMAS`` standard deviations.  Without
+    counts: the bound ``min(non-static rows, draws)`` per table."""
+    mean = var = 0.0
+    for t, n in enumerate(rows):
+        c = None if counts is None else _as_counts(counts[t])
+        if c is None or c.sum() <= 0:
+            mean += min(n - static_rows[t], draws)
+            continue
+        p = c[static_rows[t]:] / c.sum()
+        seen = -np.expm1(draws * np.log1p(-np.minimum(p, 1.0 - 1e-12)))  # P(row drawn at least once)
+        mean += float(seen.sum())
+        var += float((seen * (1.0 - seen)).sum())
+    return int(math.ceil(mean + WINDOW_SIGMAS * math.sqrt(var)))
+
+
+def cache_layout(
+    rows: Sequence[int],
+    ratio: float,
+    static_fraction: float = 0.5,
+    counts: Sequence[np.ndarray] | None = None,
+    global_static: bool = True,
+    lookahead: int = 0,
+    batch_size: int = 0,
+) -> CacheLayout:
+    """The freq_cache's slots for tables of ``rows`` at ``cache_ratio``.
+
+    Static region: ``static_fraction`` of the ratio's slots.  With ``counts`` and ``global_static``
+    (the freq policy) they hold the globally hottest rows (rows are frequency ranks, so a prefix of
+    each table); otherwise each table gets ``static_fraction`` of its own share.
+
+    Window region: the rest of the ratio's slots -- but at least the distinct non-static rows of
+    ``lookahead + 1`` batches of ``batch_size`` samples (all pinned at once while the trainer
+    prefetches), estimated from ``counts``; slots are added when the ratio leaves fewer.
+    ``batch_size=0``: no sizing (the window gets what the ratio leaves; batches that do not fit
+    are deferred, or overflow).
+    """
+    rows_a = np.asarray(rows, dtype=np.int64)
+    ratio_rows = np.array([cache_rows_for(int(n), ratio) for n in rows_a], dtype=np.int64)
+    num_slots = int(ratio_rows.sum())
+    num_static = int(math.floor(static_fraction * num_slots))
+    if counts is not None and global_static and num_static > 0:
+        flat = np.concatenate([_as_counts(c) for c in counts])
+        top = np.argpartition(-flat, num_static - 1)[:num_static]
+        row_off = np.concatenate([[0], np.cumsum(rows_a)])
+        static_rows = np.bincount(np.searchsorted(row_off, top, side="right") - 1, minlength=len(rows_a))
+    else:
+        static_rows = np.floor(static_fraction * ratio_rows).astype(np.int64)
+    static_rows = static_rows.astype(np.int64)
+    window = num_slots - int(static_rows.sum())
+    needed = 0
+    if batch_size > 0:
+        needed = expected_window_rows(rows_a, static_rows, counts, (lookahead + 1) * batch_size)
+        needed = min(needed, int((rows_a - static_rows).sum()))
+    return CacheLayout(ratio_rows, static_rows, max(window, needed), needed)
+
+
+def plan_table(
+    counts_by_table: Mapping[str, object],
+    ratios: Sequence[float],
+    static_fraction: float = 0.5,
+    lookahead: int = 0,
+    batch_size: int = 0,
+) -> list[dict]:
+    """One dict per ratio: ``ratio``, ``cache_rows`` (all slots, window sizing included),
+    ``static_rows``, ``window_rows``, ``window_needed``, ``added_rows`` (see ``cache_layout``, the
+    freq policy's layout), ``hit_rate`` (the ratio's slots as one pooled cache, what the freq_cache
+    predicts), ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate}."""
     tables = {name: _as_counts(c) for name, c in counts_by_table.items()}
     flat = np.concatenate(list(tables.values())) if tables else np.zeros(0)
     total = flat.sum()
@@ -46,15 +155,20 @@ def plan_table(counts_by_table: Mapping[str, object], ratios: Sequence[float]) -
     for r in ratios:
         if not 0 < r <= 1:
             raise ValueError(f"cache ratio {r}: must be in (0, 1]")
-        rows = {n: cache_rows_for(c.size, r) for n, c in tables.items()}
+        layout = cache_layout([c.size for c in tables.values()], r, static_fraction, list(tables.values()),
+                              lookahead=lookahead, batch_size=batch_size)
+        rows = dict(zip(tables, layout.ratio_rows.tolist()))
         per = {n: predict_hit_rate(c, rows[n]) for n, c in tables.items()}
         weighted = sum(per[n] * c.sum() for n, c in tables.items()) / total if total > 0 else 0.0
-        k = sum(rows.values())
         out.append(
             dict(
                 ratio=float(r),
-                cache_rows=int(k),
-                hit_rate=predict_hit_rate(flat, k),
+                cache_rows=layout.num_slots,
+                static_rows=layout.num_static,
+                window_rows=layout.window_rows,
+                window_needed=layout.window_needed,
+                added_rows=layout.added_rows,
+                hit_rate=predict_hit_rate(flat, int(layout.ratio_rows.sum())),
                 hit_rate_per_table_caches=float(weighted),
                 per_table=per,
             )
