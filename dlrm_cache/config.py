@@ -165,6 +165,7 @@ class BenchConfig:
     warmup: int = 10
     iters: int = 30
     distinct_batches: int = 40  # fresh ids every step, cycling through this many generated batches
+    sync_count_batches: int = 5  # planning kind: batches run after the timed ones, counting host syncs and aten ops
     lr: float = 0.01
     seed: int = 0
     device: str = "auto"

@@ -81,7 +81,7 @@ def expected_window_rows(
     rows: Sequence[int], static_rows: Sequence[int], counts: Sequence[np.ndarray] | None, draws: int
 ) -> int:
     """Distinct non-static rows among ``draws`` ids per table (one id per sample and table, drawn
-    by the dataset's frequencies), plus a margin of ``WINDOW_SIGMAS`` standard deviations.  Without
+    by the dataset's frequencies, with or without replacement), plus a margin of ``WINDOW_SIGMAS`` standard deviations.  Without
     counts: the bound ``min(non-static rows, draws)`` per table."""
     mean = var = 0.0
     for t, n in enumerate(rows):
@@ -89,8 +89,15 @@ def expected_window_rows(
         if c is None or c.sum() <= 0:
             mean += min(n - static_rows[t], draws)
             continue
-        p = c[static_rows[t]:] / c.sum()
-        seen = -np.expm1(draws * np.log1p(-np.minimum(p, 1.0 - 1e-12)))  # P(row drawn at least once)
+        # P(row among the draws): i.i.d. draws by frequency give 1 - (1 - c/N)^draws; draws without
+        # replacement from the N accesses counted (an epoch over the dataset) give about
+        # 1 - (1 - draws/N)^c, which is higher for rows counted fewer than ``draws`` times.  The
+        # larger of the two, so the estimate holds for both.
+        total = c.sum()
+        rest = c[static_rows[t]:]
+        iid = -np.expm1(draws * np.log1p(-np.minimum(rest / total, 1.0 - 1e-12)))
+        epoch = -np.expm1(rest * np.log1p(-min(draws / total, 1.0 - 1e-12)))
+        seen = np.maximum(iid, epoch)
         mean += float(seen.sum())
         var += float((seen * (1.0 - seen)).sum())
     return int(math.ceil(mean + WINDOW_SIGMAS * math.sqrt(var)))
