@@ -47,10 +47,13 @@ class SparseOptim:
         """Optimizer floats stored per row for a table of dimension 1 (0: none, -1: one per element)."""
         return SPARSE_OPTIMIZERS[self.name]
 
+    def state_floats(self, dim: int) -> int:
+        """Optimizer floats stored per row of a table of dimension ``dim``."""
+        return {0: 0, 1: 1, -1: dim}[self.state_per_row]
+
     def row_bytes(self, dim: int) -> int:
         """Bytes of one fp32 row of ``dim`` plus its optimizer state (what is stored and moved)."""
-        state = {0: 0, 1: 1, -1: dim}[self.state_per_row]
-        return 4 * (dim + state)
+        return 4 * (dim + self.state_floats(dim))
 
 
 # optimizer -> floats of state per row: 1 (rowwise), -1 (one per element), 0 (none)

@@ -79,16 +79,24 @@ class Mover:
 
     @torch.no_grad()
     def move_now(self, wb_slots, wb_rows, slots, rows) -> None:
-        """``move`` on the current stream, with no stream hand-offs (flush, import: after ``sync``)."""
+        """``move`` on the current stream, with no stream hand-offs (flush, import: after ``sync``).
+
+        Each direction is one kernel over host memory: the store keeps a row's weights and state
+        as one record (see store.py); only the gathers/scatters on the device's own slot buffers
+        are per buffer (fbgemm keeps weights and state apart)."""
         st = self.store
         if wb_slots.numel():
-            st.weight.index_copy_(0, wb_rows, self.cache_w.index_select(0, wb_slots))
+            record = self.cache_w.index_select(0, wb_slots)
             if self.cache_m is not None:
-                st.momentum.index_copy_(0, wb_rows, self.cache_m.index_select(0, wb_slots))
+                m = self.cache_m.index_select(0, wb_slots)
+                record = torch.cat([record, m.reshape(m.shape[0], -1)], dim=1)
+            st.data.index_copy_(0, wb_rows, record)
         if slots.numel():
-            self.cache_w.index_copy_(0, slots, st.weight.index_select(0, rows))
+            record = st.data.index_select(0, rows)
+            dim = self.cache_w.shape[1]
+            self.cache_w.index_copy_(0, slots, record[:, :dim])
             if self.cache_m is not None:
-                self.cache_m.index_copy_(0, slots, st.momentum.index_select(0, rows))
+                self.cache_m.index_copy_(0, slots, record[:, dim:].reshape((-1, *self.cache_m.shape[1:])))
 
     def ready(self):
         """An event after every copy and plan step issued so far (None on CPU)."""
