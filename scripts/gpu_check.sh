@@ -32,10 +32,6 @@ want embedding && python3 -m dlrm_cache bench kind=embedding num_tables=26 rows_
 want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     backends=[hbm,uvm_cache,freq_cache] cache_ratios=[0.005,0.015,0.05] warmup=10 iters=30 \
     output="$OUT/bench-train.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train.txt"
-# at 0.5% a window of lookahead=2 batches does not fit the cache (bench kind=planning shows deferral)
-want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
-    backends=[hbm,freq_cache] cache_ratios=[0.005] lookahead=1 warmup=10 iters=30 \
-    output="$OUT/bench-train-lookahead1.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train-lookahead1.txt"
 
 # 4. the freq_cache's own work per batch (plan + copies, to a device sync)
 want planning && python3 -m dlrm_cache bench kind=planning cardinality_scale=1 embedding_dim=128 batch_size=16384 \

@@ -209,6 +209,8 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     b = cfg.batch_size
     dense, labels = np.zeros((b, 13), np.float32), np.zeros(b, np.float32)
     host = [make_batch(dense, ids, labels, keys) for ids in batches]
+    if device.type == "cuda":  # as the trainer's loader: pinned, so host-to-device copies are asynchronous
+        host = [hb.pin_memory() for hb in host]
     results = []
     for ratio in cfg.cache_ratios:
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,

@@ -8,6 +8,7 @@ float32 ulps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from fractions import Fraction
@@ -149,7 +150,7 @@ def test_sorted_row_map_keeps_no_per_row_state_with_the_cache():
     assert max(t.shape[0] for t in beside_slots) == cache.slots.num_slots == 800
     assert cache.store.observed.shape[0] == cache.store.weight.shape[0] == 80_000
     dense = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad"), row_map="dense", **kw)
-    assert dense.slots.row_slot.shape[0] == 80_000
+    assert dense.slots.row_slot.shape[0] == 80_001  # one entry per row, and the scratch id
 
 
 def test_cancel_prefetch_releases_the_window():
@@ -309,6 +310,28 @@ def test_counts_must_match_tables():
         FreqCacheBackend(tables, SparseOptim(), device="cpu", policy="freq", counts={"C1": np.ones(100)})
 
 
+def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch():
+    """The range check is read with the batch's sizes (no host read of its own); a failing batch is
+    neither left in the window nor pinning slots, so training goes on and still equals host."""
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.05, counts=make_counts(tables), lookahead=2)
+    rng = np.random.default_rng(5)
+    good = make_batch(rng, tables, 64)
+    values = good.values().clone()
+    c3 = int(sum(good.length_per_key()[:2]))  # first id of table C3 (60 rows)
+    values[c3] = 60
+    bad = KeyedJaggedTensor.from_lengths_sync(good.keys(), values, good.lengths())
+    with pytest.raises(IndexError, match=r"id 60 out of range for table C3 \(60 rows\)"):
+        cache.prefetch(bad)
+    run_training(host, cache, [make_batch(rng, tables, 64) for _ in range(4)], lookahead=2)
+    with pytest.raises(IndexError, match="table C3"), torch.no_grad():
+        cache(bad)  # an ad-hoc batch (evaluation)
+    run_training(host, cache, [make_batch(rng, tables, 64) for _ in range(4)], lookahead=2, seed=1)
+    assert cache.stats()["overflow_batches"] == 0
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
 def test_cache_larger_than_free_gpu_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1024, 1 << 30))
@@ -453,7 +476,7 @@ def test_deferred_batch_is_not_loaded_while_a_backward_is_pending():
     assert_tables_equal(cache.export_tables(), host.export_tables())
 
 
-# ------------------------------------------------------------------------------------- 5. layout
+# ------------------------------------------------------------------------------------- 7. layout
 @pytest.mark.parametrize("ratio", [0.07, 0.015, 0.5])
 def test_backend_plan_and_sharding_planner_agree_on_slots(ratio):
     # 0.07 * 100 is 7.000000000000001 in floating point: a plain ceil gave the sharding planner 8 slots
@@ -525,3 +548,52 @@ def test_no_counts_bound_and_no_sizing():
     # batch_size 0: the window is what the ratio leaves
     layout = cache_layout([1000, 10], 0.1, 0.5, None, global_static=False)
     assert (layout.window_needed, layout.added_rows, layout.num_slots) == (0, 0, 101)
+
+
+# ------------------------------------------------------------------------------------- 8. host syncs
+@pytest.mark.parametrize("row_map", ["sorted", "dense"])
+def test_one_host_read_per_batch(row_map):
+    """The trainer's loop (window of 2): per batch, the cache's prefetch and forward read device
+    values on the host once (the prefetch's sizes; main at 0ba7e03 read 7 times), beyond what the
+    uncached backend's forward does in the same loop.  Counted on the CPU as the aten ops and
+    tensor reads that would synchronize with a CUDA device (HostSyncCounter)."""
+    from collections import Counter
+
+    from dlrm_cache.bench.syncs import HostSyncCounter
+
+    tables = make_tables([20000, 5000, 300, 8000])
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.03, policy="freq", lookahead=2, counts=make_counts(tables),
+                       row_map=row_map, batch_size=256)
+    rng = np.random.default_rng(11)
+    batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(12)]
+    g = torch.Generator().manual_seed(0)
+    cache_c, host_c, prefetched = HostSyncCounter(), HostSyncCounter(), 0
+    for b in batches[:2]:
+        cache.prefetch(b)
+    for i, b in enumerate(batches):
+        on = i >= 4
+        with cache_c if on else contextlib.nullcontext():
+            if i + 2 < len(batches):
+                cache.prefetch(batches[i + 2], cache.analyze(batches[i + 2]))
+                prefetched += on
+            out_c = cache(b).values()
+        with host_c if on else contextlib.nullcontext():
+            out_h = host(b).values()
+        torch.testing.assert_close(out_c, out_h, **TOL)
+        w = torch.randn(b.stride(), len(tables) * DIM, generator=g)
+        (out_c * w).sum().backward()
+        (out_h * w).sum().backward()
+    s = cache.stats()
+    assert s["rows_loaded"] > 0 and (s["deferred_batches"], s["overflow_batches"]) == (0, 0)
+    assert cache_c.syncs - host_c.syncs == Counter(tolist=prefetched)
+    assert cache_c.ops["sort"] + cache_c.ops["topk"] <= 3 * prefetched  # dedup, row-map re-sort, victims
+    assert cache_c.ops["_unique2"] == cache_c.ops["nonzero"] == 0
+    extra_ops = cache_c.total_ops - host_c.total_ops
+    assert extra_ops <= OPS_PER_BATCH[row_map] * prefetched, extra_ops / prefetched
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+# aten ops per prefetched batch of the cache's prefetch + forward beyond fbgemm's own forward, as measured
+# 2026-11-23 (torch 2.13 CPU): 130.3 sorted, 128.3 dense
+OPS_PER_BATCH = {"sorted": 131, "dense": 129}

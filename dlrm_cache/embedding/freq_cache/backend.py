@@ -16,13 +16,16 @@ Layout
 
 Where the work runs
     All of the cache's planning runs on the cache's device, in torch ops, on its own high-priority
-    stream (see mover.py): dedup of a batch's ids (``torch.unique``), lookups (binary search in
-    the dynamic region's sorted rows), victim choice (``topk`` over slot scores), pins, dirty bits,
-    and the row copies themselves (kernels reading and writing the host-mapped store).  The host
-    only launches kernels and reads a few sizes; on a GPU that is a fraction of a millisecond per
-    batch, where planning on the host with numpy took more than the GPU step itself at batch 16384
-    (measured in an earlier version).  Without CUDA the same code runs on CPU tensors, which is
-    how the tests check it; there ``analyze`` (dedup etc.) runs in the loader thread.
+    stream (see mover.py): dedup of a batch's ids (one sort of int32 keys, where they fit, into
+    buffers with room for every id), lookups (binary search in the dynamic region's sorted rows,
+    or a dense map), victim choice (``topk`` over slot scores), pins, dirty bits, and the row
+    copies themselves (kernels reading and writing the host-mapped store).  The host launches
+    kernels and reads device values once per attempt to place a batch (once per batch unless it
+    is deferred): its sizes (distinct rows, misses, free slots, an out-of-range flag) in one read,
+    after which every kernel is sized by what the host knows (``nonzero_static``, write-backs of
+    clean victims to a scratch row).  Planning on the host with numpy took more than the GPU step
+    itself at batch 16384 (an earlier version).  Without CUDA the same code runs on CPU tensors,
+    which is how the tests check it; there ``analyze`` (dedup etc.) runs in the loader thread.
 
 Step protocol (what the trainer does)
     ``prefetch(kjt)`` for each future batch (FIFO), then ``forward(kjt)`` for the oldest one, then
@@ -49,8 +52,9 @@ Overflow
 
 Dirty tracking
     A batch prefetched or forwarded with autograd enabled marks its slots dirty; only dirty rows are
-    written back on eviction and by ``flush()``.  ``torch.no_grad()`` batches (evaluation) never
-    cause write-backs.
+    written back on eviction and by ``flush()`` (an evicted clean row is written to the store's
+    scratch row, which nothing reads).  ``torch.no_grad()`` batches (evaluation) mark nothing
+    dirty.
 """
 
 from __future__ import annotations
@@ -78,28 +82,25 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(eq=False)
 class _Batch:
-    """One batch between its prefetch and its retirement; tensors live on the cache's device."""
+    """One batch between its prefetch and its retirement; tensors live on the cache's device.
+
+    ``uniq``/``counts`` have room for every id (fixed capacity: deduplication without reading a
+    size) until the batch's first ``_prepare`` reads ``n_uniq`` and trims them."""
 
     kjt: KeyedJaggedTensor
-    values: torch.Tensor  # ids (ranks), int64
-    table: torch.Tensor  # table index of every id
+    num_ids: int
+    grow: torch.Tensor  # global row of every id (out-of-range ids replaced by row 0)
     table_accesses: np.ndarray  # accesses per table (host)
-    slot_values: torch.Tensor  # slot of every id (static ones filled at analysis)
-    static_seen: torch.Tensor  # bool per static slot: used by this batch
-    dyn_pos: torch.Tensor  # positions of the ids outside the static region
-    uniq: torch.Tensor  # distinct global rows outside the static region (sorted)
-    inverse: torch.Tensor  # position in uniq of every non-static id
+    uniq: torch.Tensor  # distinct global rows, sorted, then the scratch id as padding
+    inverse: torch.Tensor  # position in uniq of every id
     counts: torch.Tensor  # accesses of each uniq row in this batch
-    uniq_table: torch.Tensor  # table of each uniq row
-    # resident-independent statistics, device scalars / vectors (no host sync to compute them)
-    static_hits: torch.Tensor
-    static_distinct: torch.Tensor
-    static_table_hits: torch.Tensor
+    n_uniq: torch.Tensor | int  # device scalar until read, then the host int
+    bad: torch.Tensor  # device bool: an id out of its table's range
     prepared: bool = False
     deferred: bool = False
     counted: bool = False
     train: bool = False  # its slots are marked dirty (a training batch)
-    pinned: torch.Tensor | None = None  # dynamic slots pinned by this batch (= its uniq rows' slots)
+    pinned: torch.Tensor | None = None  # slots pinned by this batch (= its uniq rows' slots)
     indices: torch.Tensor | None = None  # slot ids for the lookup
     event: Any = None  # CUDA event: its rows are in place
     overflow: dict | None = None
@@ -377,89 +378,106 @@ class FreqCacheBackend(EmbeddingBackend):
 
     @torch.no_grad()
     def _analyze(self, kjt: KeyedJaggedTensor) -> _Batch:
-        """Everything about a batch that does not depend on what is resident, on the cache's device.
+        """Everything about a batch that does not depend on what is resident, on the cache's device,
+        without a host synchronization.
 
-        KJT values are feature-major, so the table of every id comes from ``length_per_key``
-        with one ``repeat_interleave``; no per-id table lookups on the host.
+        KJT values are feature-major, so the table of every id comes from ``length_per_key`` (host
+        data) with one ``repeat_interleave`` of known size.  Deduplication is one sort of the ids'
+        global rows (int32 keys where they fit) into buffers with room for every id: the number of
+        distinct rows is read later, with the other sizes of the prefetch, in one host read.
         """
         keys = kjt.keys()
         if list(keys) != self.feature_names:
             raise ValueError(f"freq_cache: batch features {list(keys)} != tables {self.feature_names}")
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
         n = int(lpk.sum())
+        dev = self.device
         self.mover.planning_input(kjt.values())
         with self.mover.planning():
-            v = kjt.values().to(self.device, dtype=torch.int64, non_blocking=True)
-            lpk_t = torch.from_numpy(lpk).to(self.device, non_blocking=True)
+            v = kjt.values().to(dev, dtype=torch.int64, non_blocking=True)
+            lpk_t = self.mover.to_device(torch.from_numpy(lpk))
             table = torch.repeat_interleave(self._t_index, lpk_t, output_size=n)
-            bad = (v < 0) | (v >= self._t_rows[table])
-            if bool(bad.any()):
-                i = int(torch.nonzero(bad)[0, 0])
-                t = int(table[i])
-                raise IndexError(
-                    f"freq_cache: id {int(v[i])} out of range for table {self.feature_names[t]} "
-                    f"({int(self._t_rows[t])} rows)"
-                )
-            static = v < self._t_static_rows[table]
-            slot_values = v + self._t_static_off[table]  # only the static entries are kept
-            dyn_pos = torch.nonzero(~static).squeeze(1)
-            grow = v[dyn_pos] + self._t_row_off[table[dyn_pos]]
-            uniq, inverse, counts = torch.unique(grow, sorted=True, return_inverse=True, return_counts=True)
-            # which static slots the batch uses (non-static ids add 0 to slot 0: no boolean gather, no sync)
-            ns = self.slots.num_static
-            seen = torch.zeros(max(1, ns), dtype=torch.int32, device=self.device)
-            seen = seen.index_add_(0, torch.where(static, slot_values, 0), static.to(torch.int32))[:ns] > 0
-            T = len(self.tables)
-            static_table_hits = torch.zeros(T, dtype=torch.int64, device=self.device)
-            static_table_hits.index_add_(0, table, static.long())
-            uniq_table = torch.searchsorted(self._t_row_off, uniq, right=True) - 1
-            static_hits, static_distinct = torch.count_nonzero(static), torch.count_nonzero(seen)
-        return _Batch(
-            kjt, v, table, lpk, slot_values, seen, dyn_pos, uniq, inverse, counts, uniq_table,
-            static_hits=static_hits, static_distinct=static_distinct, static_table_hits=static_table_hits,
+            bad_id = (v < 0) | (v >= self._t_rows[table])
+            grow = torch.where(bad_id, 0, v) + self._t_row_off[table]  # raised at the size read
+            key, perm = torch.sort(grow.to(self.slots.key_dtype))
+            first = torch.ones(n, dtype=torch.bool, device=dev)
+            first[1:] = key[1:] != key[:-1]
+            seg = torch.cumsum(first, 0) - 1  # position of each sorted id among the distinct rows
+            inverse = torch.empty_like(seg).scatter_(0, perm, seg)
+            uniq = torch.full((n,), self.slots.scratch_row, dtype=torch.int64, device=dev)
+            uniq.scatter_(0, seg, key.long())
+            counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, seg, torch.ones_like(seg))
+            n_uniq, bad = first.sum(), bad_id.any()
+        return _Batch(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
+
+    def _raise_bad_id(self, b: _Batch) -> None:
+        v = b.kjt.values().long().cpu()
+        table = torch.repeat_interleave(torch.arange(len(self.tables)), torch.from_numpy(b.table_accesses))
+        rows = self._t_rows.cpu()[table]
+        i = int(torch.nonzero((v < 0) | (v >= rows))[0, 0])
+        t = int(table[i])
+        raise IndexError(
+            f"freq_cache: id {int(v[i])} out of range for table {self.feature_names[t]} ({int(rows[i])} rows)"
         )
+
+    def _table_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The table of each global row (the scratch id counts as the last table's)."""
+        table = torch.searchsorted(self._t_row_off, rows, right=True) - 1
+        return table.clamp_(max=len(self.tables) - 1)
 
     def _slot_of(self, rows: torch.Tensor) -> torch.Tensor:
         """The slot holding each global row (static or dynamic), -1 where none does."""
-        table = torch.searchsorted(self._t_row_off, rows, right=True) - 1
+        table = self._table_of(rows)
         rank = rows - self._t_row_off[table]
         static = rank < self._t_static_rows[table]
         return torch.where(static, rank + self._t_static_off[table], self.slots.lookup(rows))
 
     def _mark_dirty(self, b: _Batch) -> None:
         with self.mover.planning():
-            ns = self.slots.num_static
-            self.slots.dirty[:ns] |= b.static_seen
             self.slots.dirty[b.pinned] = True
 
     @torch.no_grad()
     def _prepare(self, b: _Batch) -> bool:
         """Make ``b``'s rows resident and pin them; False (nothing changed) when they do not fit.
 
-        On a GPU every host read here is a synchronization of the plan stream, so there are two:
-        the sizes (misses, free slots) and the misses' positions; pins go by ``index_add_`` with
-        the misses adding 0, not by boolean indexing.
+        One host read per call (one synchronization of the plan stream under CUDA): the number of
+        distinct rows (first call only), misses, free slots and the out-of-range flag together.
+        Everything else is sized by what the host already knows: misses are found with
+        ``nonzero_static`` of the read size, victims' write-backs go to the store's scratch row
+        when they are clean or empty, pins go by ``index_add_``.
         """
         s = self.slots
         with self.mover.planning():
-            su = s.lookup(b.uniq)
+            su = self._slot_of(b.uniq)
             hit = su >= 0
             hit_i = hit.to(torch.int32)
             s.pin.index_add_(0, su.clamp(min=0), hit_i)
             free = s.pin[s.num_static:] == 0
-            n_miss, n_free = torch.stack([(~hit).sum(), free.sum()]).tolist()
+            sized = isinstance(b.n_uniq, int)
+            miss = ~hit
+            if not sized:  # the padding (the scratch id) is never resident: not a miss
+                miss &= torch.arange(b.uniq.numel(), device=self.device) < b.n_uniq
+            sizes = [miss.sum(), free.sum(), b.bad.to(torch.int64)] + ([] if sized else [b.n_uniq])
+            n_miss, n_free, bad, *n_uniq = self.mover.read(torch.stack(sizes))
+            if bad:  # the batch is dropped: the cache stays as it was, usable for other batches
+                s.pin.index_add_(0, su.clamp(min=0), -hit_i)
+                if b in self._queue:
+                    self._queue.remove(b)
+                self._raise_bad_id(b)
+            if not sized:  # the padding added no pins (misses add 0)
+                b.n_uniq, b.uniq, b.counts = n_uniq[0], b.uniq[: n_uniq[0]], b.counts[: n_uniq[0]]
+                su, hit = su[: b.n_uniq], hit[: b.n_uniq]
             if n_miss:
                 if n_miss > n_free:
-                    s.pin.index_add_(0, su.clamp(min=0), -hit_i)
+                    s.pin.index_add_(0, su.clamp(min=0), -hit.to(torch.int32))
                     return False
                 victims = self.policy.choose(n_miss, free)
-                miss_idx = torch.nonzero(~hit).squeeze(1)
+                miss_idx = torch.nonzero_static(~hit, size=n_miss).squeeze(1)
                 self._evict_and_load(victims, b.uniq[miss_idx])
                 s.pin[victims] += 1
                 su[miss_idx] = victims
             b.pinned = su
-            b.slot_values[b.dyn_pos] = su[b.inverse]
-            b.indices = b.slot_values
+            b.indices = su[b.inverse]
             b.prepared = True
             if b.train:
                 self._mark_dirty(b)
@@ -471,30 +489,32 @@ class FreqCacheBackend(EmbeddingBackend):
         return True
 
     def _evict_and_load(self, victims: torch.Tensor, rows: torch.Tensor) -> None:
-        """Write back the dirty ones among ``victims``, then fill them with (non-resident) ``rows``."""
+        """Write back the dirty ones among ``victims``, then fill them with (non-resident) ``rows``.
+
+        Every victim is written, to the store's scratch row where it is clean or empty: the copy
+        kernels then have sizes the host knows (no count of dirty victims to read).  In training
+        nearly every victim is dirty (its rows were loaded by training batches)."""
         s = self.slots
         old = s.slot_row[victims]
         occupied = old >= 0
-        wb = torch.nonzero(occupied & s.dirty[victims]).squeeze(1)
-        wb_slots, wb_rows = victims[wb], old[wb]
-        self.mover.move(wb_slots, wb_rows, victims, rows)
+        wb = occupied & s.dirty[victims]
+        self.mover.move(victims, torch.where(wb, old, self.store.scratch_row), victims, rows)
         s.assign(victims, rows)
         self.policy.admitted(victims, rows)
         st = self._stats
         st["evictions"] += occupied.sum()
-        st["rows_written_back"] += wb.numel()
+        st["rows_written_back"] += wb.sum()
         st["rows_loaded"] += rows.numel()
 
     def _count_hits(self, b: _Batch, hit: torch.Tensor) -> None:
         st = self._stats
         hit_counts = b.counts * hit
-        st["accesses"] += b.values.numel()
-        st["hits"] += b.static_hits + hit_counts.sum()
-        st["distinct"] += b.static_distinct + b.uniq.numel()
-        st["distinct_hits"] += b.static_distinct + hit.sum()
+        st["accesses"] += b.num_ids
+        st["hits"] += hit_counts.sum()
+        st["distinct"] += b.n_uniq
+        st["distinct_hits"] += hit.sum()
         st["table_accesses"] += b.table_accesses
-        st["table_hits"] += b.static_table_hits
-        st["table_hits"].index_add_(0, b.uniq_table, hit_counts)
+        st["table_hits"].index_add_(0, self._table_of(b.uniq), hit_counts)
 
     def _unprepare(self, b: _Batch) -> None:
         if b.prepared:
@@ -528,19 +548,19 @@ class FreqCacheBackend(EmbeddingBackend):
     def _forward_overflow(self, b: _Batch, features: KeyedJaggedTensor) -> torch.Tensor:
         self._stats["overflow_batches"] += 1
         with torch.no_grad(), self.mover.planning():
-            grow = b.values + self._t_row_off[b.table]
-            rows, inverse = torch.unique(grow, sorted=True, return_inverse=True)
+            # a batch gets here after a _prepare that read its sizes: uniq is trimmed
+            rows, inverse = b.uniq, b.inverse
             resident = self._slot_of(rows) >= 0  # for the hit rate, before admissions
             # Still admit what fits (the best of the misses by policy), so that a cache too small for
             # its batches keeps serving the hot rows instead of staying empty.  Nothing is pinned now
             # (the window was released), and nothing else is prepared until this batch retires.
-            misses = b.uniq[self.slots.lookup(b.uniq) < 0]
+            misses = rows[~resident]
             k = min(misses.numel(), self.slots.num_dynamic)
             if k:
                 admit = self.policy.admit_first(misses, k)
                 self._evict_and_load(self.policy.choose(k), admit)
-            self.policy.observe(b.uniq, b.counts, self.slots.lookup(b.uniq), all_held=False)
             slots = self._slot_of(rows)
+            self.policy.observe(rows, b.counts, slots, all_held=False)
             self._count_hits_overflow(b, rows, resident, inverse)
         self.mover.sync()
         self.mover.use_on_compute(rows, slots, inverse)  # plan-stream tensors read on compute from here
@@ -566,12 +586,12 @@ class FreqCacheBackend(EmbeddingBackend):
     def _count_hits_overflow(self, b: _Batch, rows: torch.Tensor, resident: torch.Tensor, inverse: torch.Tensor) -> None:
         st = self._stats
         resident_access = resident[inverse]
-        st["accesses"] += b.values.numel()
+        st["accesses"] += b.num_ids
         st["hits"] += resident_access.sum()
         st["distinct"] += rows.numel()
         st["distinct_hits"] += resident.sum()
         st["table_accesses"] += b.table_accesses
-        st["table_hits"].index_add_(0, b.table, resident_access.long())
+        st["table_hits"].index_add_(0, self._table_of(b.grow), resident_access.long())
 
     @torch.no_grad()
     def _retire_overflow(self, b: _Batch) -> None:

@@ -7,8 +7,8 @@ CPU (tests, machines without a GPU): no streams; every operation runs in order a
 
 CUDA: three streams, none of them ever waited on by the CPU during training steps.
 * *plan*: the cache's bookkeeping (dedup, lookups, victim choice, pins, dirty bits) on device
-  tensors.  It never waits for the compute stream, so the few size reads a prefetch needs
-  (how many distinct ids, how many misses) return as soon as its own short kernels are done.
+  tensors.  It never waits for the compute stream, so the one size read a prepared batch needs
+  (``read``: distinct rows, misses, free slots) returns as soon as its own short kernels are done.
 * *copy*: write-backs (slots -> host-mapped store) and loads (store -> slots), as kernels that read
   and write host memory over PCIe.  Before a batch's copies it waits for the compute stream's work
   so far -- the backward passes of retired batches may still update the slots being evicted -- and
@@ -97,6 +97,18 @@ class Mover:
             self.cache_w.index_copy_(0, slots, record[:, :dim])
             if self.cache_m is not None:
                 self.cache_m.index_copy_(0, slots, record[:, dim:].reshape((-1, *self.cache_m.shape[1:])))
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A small host tensor on the device without synchronizing: an asynchronous copy from
+        pageable memory waits for the stream first, so it goes through pinned memory."""
+        if not self.cuda:
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def read(self, t: torch.Tensor) -> list:
+        """The one host read of a prefetch (the plan stream's sizes): one synchronization of the
+        plan stream under CUDA, which never waits for the compute stream."""
+        return t.tolist()
 
     def ready(self):
         """An event after every copy and plan step issued so far (None on CPU)."""

@@ -34,13 +34,17 @@ class SlotTable:
         if row_map not in ("sorted", "dense"):
             raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
         self.row_map = row_map
+        # Row ids as sort and search keys: int32 where they fit (half the radix-sort passes of int64
+        # on a GPU); ``num_rows`` itself is the scratch/padding id (never resident).
+        self.key_dtype = torch.int32 if num_rows < 2**31 - 1 else torch.int64
+        self.scratch_row = num_rows
         self.num_slots = num_slots
         self.num_static = num_static
         self.slot_row = torch.full((num_slots,), -1, dtype=torch.int64, device=device)
         self.pin = torch.zeros(num_slots, dtype=torch.int32, device=device)
         self.dirty = torch.zeros(num_slots, dtype=torch.bool, device=device)
         if row_map == "dense":
-            self.row_slot = torch.full((num_rows,), -1, dtype=torch.int32, device=device)
+            self.row_slot = torch.full((num_rows + 1,), -1, dtype=torch.int32, device=device)
         else:
             self._resort()
 
@@ -49,23 +53,24 @@ class SlotTable:
         return self.num_slots - self.num_static
 
     def _resort(self) -> None:
-        self.sorted_rows, order = torch.sort(self.slot_row[self.num_static:])
+        self.sorted_rows, order = torch.sort(self.slot_row[self.num_static:].to(self.key_dtype))
         self.sorted_slots = order + self.num_static
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        """The dynamic slot holding each of ``rows`` (non-static global ids), -1 where none does."""
+        """The dynamic slot holding each of ``rows`` (global ids, or the scratch id), -1 where none does."""
         if self.row_map == "dense":
             return self.row_slot[rows].long()
         if self.num_dynamic == 0 or rows.numel() == 0:
             return torch.full_like(rows, -1)
-        pos = torch.searchsorted(self.sorted_rows, rows).clamp_(max=self.num_dynamic - 1)
-        return torch.where(self.sorted_rows[pos] == rows, self.sorted_slots[pos], -1)
+        keys = rows.to(self.key_dtype)
+        pos = torch.searchsorted(self.sorted_rows, keys).clamp_(max=self.num_dynamic - 1)
+        return torch.where(self.sorted_rows[pos] == keys, self.sorted_slots[pos], -1)
 
     def assign(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """``rows`` (not resident) now live in ``slots`` (whatever they held is dropped), clean."""
         if self.row_map == "dense":
             old = self.slot_row[slots]
-            self.row_slot[old[old >= 0]] = -1
+            self.row_slot[torch.where(old >= 0, old, self.scratch_row)] = -1  # no boolean mask: no sync
             self.row_slot[rows] = slots.to(torch.int32)
         self.slot_row[slots] = rows
         self.dirty[slots] = False
