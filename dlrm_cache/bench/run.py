@@ -28,11 +28,11 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
-from ..data.loader import Batch, Prefetcher, make_batch
+from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
-from ..train.loop import analyze_in_loader, lookahead_window
+from ..train.pipeline import Pipeline
 
 TARGETS = {
     "host": "dlrm_cache.embedding.direct.HostBackend",
@@ -85,8 +85,21 @@ def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: 
 
 
 def _copy(b: Batch) -> Batch:
-    """A fresh Batch object per step (the cache matches prefetched batches by identity)."""
+    """A fresh Batch object per step (the loader attaches each step's analysis to its batch)."""
     return Batch(b.dense, b.sparse, b.labels)
+
+
+def host_batches(layout: OneIdPerSample, dense: torch.Tensor, ids: list[np.ndarray], labels: torch.Tensor,
+                 pin: bool) -> list[Batch]:
+    """Batches as the loader makes them (feature-major int32 ids, pinned for a GPU) from [B, T] ids."""
+    if pin:
+        dense, labels = dense.pin_memory(), labels.pin_memory()
+    out = []
+    for a in ids:
+        values = torch.empty(a.shape[::-1], dtype=torch.int32, pin_memory=pin)
+        values.numpy()[:] = a.T
+        out.append(layout.batch(dense, values, labels))
+    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -130,20 +143,17 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         def step(batch: Batch) -> None:
             emb(batch.sparse).values().backward(grad)
 
-    pin = device.type == "cuda"
-    host_batches = [make_batch(dense.numpy(), ids, labels.numpy(), keys) for ids in batches]
-    if pin:
-        host_batches = [hb.pin_memory() for hb in host_batches]
+    layout = OneIdPerSample(keys)
+    hosts = host_batches(layout, dense, batches, labels, pin=device.type == "cuda")
     total = cfg.warmup + cfg.iters
-    depth = int(getattr(emb, "lookahead", 0))
-    # As in training: batches come from a loader thread that also runs the cache's analysis.  The
-    # stream runs ``depth`` batches past the last timed step, so that every timed step also pays
-    # for one prefetch (their rows are loaded, never trained on).
-    stream = Prefetcher((_copy(host_batches[i % len(host_batches)]) for i in range(total + depth)), depth=4,
-                        transform=analyze_in_loader(emb, depth))
+    # As in training (the same Pipeline): a loader thread runs the cache's analysis, the device copy
+    # and the look-ahead prefetch happen in this thread.  The stream runs ``lookahead`` batches past
+    # the last timed step, so that every timed step also pays for one prefetch (their rows are
+    # loaded, never trained on).
+    stream = (_copy(hosts[i % len(hosts)]) for i in range(total + emb.lookahead))
     t0 = None
-    try:
-        for i, batch in enumerate(lookahead_window(stream, emb, depth, device)):
+    with Pipeline(stream, layout, device, emb) as pipeline:
+        for i, batch in enumerate(pipeline):
             if i == cfg.warmup:
                 _sync(device)
                 emb.stats()  # reset the counters: report the timed iterations only
@@ -153,9 +163,6 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
                 break
         _sync(device)
         elapsed = time.perf_counter() - t0
-    finally:
-        stream.close()
-        emb.cancel_prefetch()
     stats = emb.stats()
     result = {
         "variant": v.label,
@@ -184,8 +191,8 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
 
     keys = [t.name for t in tables]
     b = cfg.batch_size
-    dense, labels = np.zeros((b, 13), np.float32), np.zeros(b, np.float32)
-    host = [make_batch(dense, ids, labels, keys) for ids in batches]
+    dense, labels = torch.zeros(b, 13), torch.zeros(b)
+    host = host_batches(OneIdPerSample(keys), dense, batches, labels, pin=False)
     results = []
     for ratio in cfg.cache_ratios:
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
