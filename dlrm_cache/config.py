@@ -140,9 +140,10 @@ class PlanConfig:
 
 @dataclass
 class BenchConfig:
-    """`dlrm-cache bench`: embedding layer alone (``kind=embedding``) or a DLRM step (``kind=train``)."""
+    """`dlrm-cache bench`: embedding layer alone (``kind=embedding``), a DLRM step (``kind=train``),
+    the freq_cache's planning (``kind=planning``) or the input pipeline (``kind=loader``)."""
 
-    kind: str = "embedding"  # embedding | train | planning
+    kind: str = "embedding"  # embedding | train | planning | loader
     backends: list[str] = field(default_factory=lambda: ["host", "freq_cache"])
     cache_ratios: list[float] = field(default_factory=lambda: [0.015])
     uvm_algorithms: list[str] = field(default_factory=lambda: ["lru", "lfu"])
@@ -163,6 +164,10 @@ class BenchConfig:
     seed: int = 0
     device: str = "auto"
     output: Optional[str] = None  # JSON results (also printed as a table)
+    data_path: Optional[str] = None  # loader kind: a processed dataset (its train split is read)
+    shuffle: bool = True  # loader kind: shuffled as training reads it
+    epochs: int = 3  # loader kind: passes over the train split (the first one also warms the page cache)
+    prefetch_batches: int = 4  # loader kind: the loader thread's queue, as data.prefetch_batches
 
 
 def _run_id() -> str:

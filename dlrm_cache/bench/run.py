@@ -6,6 +6,10 @@
   Criteo-Kaggle-shaped tables.
 * ``kind=planning``: the freq_cache's own work per batch (loader thread / training thread up to a
   device synchronize) with Criteo-Kaggle-shaped tables: what has to stay below the step time.
+* ``kind=loader``: the input pipeline alone on a processed dataset (``data_path``): samples/s of
+  batches ready for the step, through training's own path (shard stream, shuffle, rank share, KJT,
+  pinned memory and device copy on a GPU), beside the rate of reading the same shards with parquet
+  alone (the ceiling).
 
 Every backend runs in the same process on the same batches; results are reported as ms/iter and as
 a ratio against the first baseline present (``hbm``, else ``host``), so figures compare within one
@@ -19,16 +23,18 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
-from ..data.loader import Batch, OneIdPerSample
+from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, Manifest, atomic_write_text
+from ..data.loader import Batch, OneIdPerSample, ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
@@ -231,10 +237,49 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     return results
 
 
+def loader(cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
+    """kind=loader: every epoch, the pipeline as training runs it, then the same shards read by parquet."""
+    if not cfg.data_path:
+        raise ValueError("data_path: kind=loader needs a processed dataset (dlrm-cache preprocess output)")
+    manifest = Manifest.load(cfg.data_path)
+    stream = ShardStream(cfg.data_path, manifest, "train", cfg.batch_size, cfg.shuffle, cfg.seed,
+                         pin=device.type == "cuda")
+    split = manifest.splits["train"]
+    print(f"dlrm-cache bench kind=loader device={device} data={cfg.data_path} rows={split.rows:,} "
+          f"shards={len(split.shards)} batch={cfg.batch_size} shuffle={cfg.shuffle} threads={torch.get_num_threads()}")
+    results = []
+    for epoch in range(cfg.epochs):
+        _sync(device)
+        t0 = time.perf_counter()
+        samples = 0
+        with Pipeline(stream.batches(epoch), stream.layout, device, depth=cfg.prefetch_batches) as batches:
+            for batch in batches:
+                samples += batch.size
+        _sync(device)  # the last device copy has landed
+        t1 = time.perf_counter()
+        rows = sum(pq.ParquetFile(Path(cfg.data_path) / s).read().num_rows for s in split.shards)
+        t2 = time.perf_counter()
+        r = {"epoch": epoch, "samples_per_s": samples / (t1 - t0), "parquet_rows_per_s": rows / (t2 - t1),
+             "samples": samples, "seconds": t1 - t0}
+        print(f"  epoch {epoch}: {r['samples_per_s']:>12,.0f} samples/s ready for the step   "
+              f"parquet read only {r['parquet_rows_per_s']:>12,.0f} rows/s", flush=True)
+        results.append(r)
+    warm = results[1:] or results
+    total = sum(r["samples"] for r in warm) / sum(r["seconds"] for r in warm)
+    print(f"  epochs {warm[0]['epoch']}-{warm[-1]['epoch']}: {total:,.0f} samples/s "
+          f"(parquet read only: median {float(np.median([r['parquet_rows_per_s'] for r in warm])):,.0f} rows/s)")
+    return results
+
+
 def bench(cfg: DictConfig) -> list[dict[str, Any]]:
-    if cfg.kind not in ("embedding", "train", "planning"):
-        raise ValueError(f"kind={cfg.kind!r}: choose embedding, train or planning")
+    if cfg.kind not in ("embedding", "train", "planning", "loader"):
+        raise ValueError(f"kind={cfg.kind!r}: choose embedding, train, planning or loader")
     device = resolve_device(cfg.device)
+    if cfg.kind == "loader":
+        results = loader(cfg, device)
+        if cfg.output:
+            atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+        return results
     if cfg.kind == "embedding":
         sizes = [cfg.rows_per_table] * cfg.num_tables
     else:
