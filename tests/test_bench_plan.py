@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -17,8 +18,9 @@ from dlrm_cache.plan import plan
 
 
 def _cfg(**kw):
-    return OmegaConf.structured(BenchConfig(warmup=2, iters=3, distinct_batches=4, batch_size=64,
-                                            embedding_dim=8, device="cpu", **kw))
+    kw = {"batch_size": 64, **kw}
+    return OmegaConf.structured(BenchConfig(warmup=2, iters=3, distinct_batches=4, embedding_dim=8, device="cpu",
+                                            **kw))
 
 
 def test_bench_embedding_compares_backends_in_one_run(tmp_path: Path):
@@ -52,3 +54,16 @@ def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1
     expected = plan_table(load_counts(processed_synth), [0.01, 0.05, 0.2])
     np.testing.assert_allclose(hits, [r["hit_rate"] for r in expected])
+
+
+def test_bench_loader_reads_every_training_batch(small_dataset: Path, tmp_path: Path):
+    out = tmp_path / "l.json"
+    res = bench(_cfg(kind="loader", data_path=str(small_dataset), batch_size=256, epochs=2, output=str(out)))
+    assert [r["epoch"] for r in res] == [0, 1]
+    assert all(r["samples"] == (6000 // 256) * 256 for r in res)  # whole batches of the train split
+    assert json.loads(out.read_text())[1]["samples"] == res[1]["samples"]
+
+
+def test_bench_loader_needs_a_dataset():
+    with pytest.raises(ValueError, match="data_path: kind=loader needs a processed dataset"):
+        bench(_cfg(kind="loader"))

@@ -236,11 +236,16 @@ class ShardStream:
         # a consumer that stops early closes this generator: the pool then finishes the shards in flight
         with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="shard-reader") as pool:
             ahead: deque[Future] = deque()
-            while todo or ahead:
-                while todo and len(ahead) < READ_AHEAD:
+
+            def read_ahead(shards: int) -> None:
+                while todo and len(ahead) < shards:
                     idx, skip = todo.popleft()
                     ahead.append(pool.submit(self._load, idx, epoch, skip))
+
+            read_ahead(1)  # the first batch waits for one shard, not for READ_AHEAD sharing the cores
+            while ahead:
                 parts.append(ahead.popleft().result())
+                read_ahead(READ_AHEAD)
                 have += len(parts[-1])
                 while have >= self.batch_size:
                     have -= self.batch_size

@@ -8,7 +8,9 @@ never handed to the dense optimizer: they are kept out of ``Module.parameters()`
 
 from __future__ import annotations
 
+import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -160,13 +162,22 @@ def initial_state(tables: list[TableSpec], optim: SparseOptim, seed: int) -> dic
     """Deterministic initial rows per table (uniform in +-1/sqrt(rows), like torchrec), zero state.
 
     Seeded by table name, not by construction order, so every placement and every sharding of the
-    same tables starts from the same parameters.
+    same tables starts from the same parameters.  Each table has its own generator, so the tables
+    are filled on parallel threads (a generator is serial; uniform_ releases the interpreter lock).
     """
-    out = {}
-    for t in tables:
+
+    def rows(t: TableSpec) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(t.name.encode()))
         bound = t.num_rows ** -0.5
-        out[f"{t.name}.weight"] = torch.empty(t.num_rows, t.dim).uniform_(-bound, bound, generator=g)
+        return torch.empty(t.num_rows, t.dim).uniform_(-bound, bound, generator=g)
+
+    # largest first: the longest fills start at once
+    order = sorted(tables, key=lambda t: -t.num_rows * t.dim)
+    with ThreadPoolExecutor(max(1, min(len(tables), os.cpu_count() or 1))) as pool:
+        weights = dict(zip((t.name for t in order), pool.map(rows, order)))
+    out = {}
+    for t in tables:
+        out[f"{t.name}.weight"] = weights[t.name]
         if optim.state_per_row == 1:
             out[f"{t.name}.momentum1"] = torch.zeros(t.num_rows)
         elif optim.state_per_row == -1:

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
 
 
 class EvalMetrics:
     """AUC, log loss and accuracy over one pass of a split (reduced across ranks by torchmetrics)."""
 
     def __init__(self, device: torch.device) -> None:
+        # imported here: torchmetrics pulls in matplotlib (~1 s), which the training steps before the
+        # first evaluation do not need
+        from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
+
         self.auroc = BinaryAUROC().to(device)
         self.accuracy = BinaryAccuracy().to(device)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
