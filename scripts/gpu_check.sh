@@ -3,7 +3,8 @@
 #   ../shared/gpu-bundle/stage && make gpu-extra   # once, on this side: the offline bundle + pytest
 #   device run, carry [".gpu-bundle", ".gpu-extra"]:
 #       source .gpu-bundle/activate && bash scripts/gpu_check.sh [PART...]
-# PART: tests, embedding, train, planning (default: all four).  One device command may run 10
+# PART: tests, embedding, train, planning (default: all four); feed (issue 10, target 2: the loader
+# and `train` against `bench kind=train` in one lease -- about 8 minutes, run it in its own call).  One device command may run 10
 # minutes; if the whole set does not fit, run the parts in separate calls.
 # Results (test log, benchmark JSON and tables) go to $OUT, which the device tool brings back.
 set -uo pipefail
@@ -41,4 +42,24 @@ want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embeddi
 want planning && python3 -m dlrm_cache bench kind=planning cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     cache_ratios=[0.005,0.015,0.05] device=cuda output="$OUT/bench-planning.json" 2>&1 \
     | grep --line-buffered -v "^W1" > "$OUT/bench-planning.txt"
+# 5. feeding the step (issue 10): the loader alone, then the real command vs the bench step, hbm and
+# freq_cache, on the Kaggle-shaped synthetic set of ../shared/measurements/h100-2026-11-23 (8M lines)
+if want feed; then
+    K=/tmp/feed
+    [ -f $K/processed/manifest.json ] || { python3 -m dlrm_cache synth output=$K/raw lines=8000000 \
+        cardinality_scale=1 progress=false && python3 -m dlrm_cache preprocess input=$K/raw \
+        output=$K/processed progress=false; } > "$OUT/feed-data.txt" 2>&1
+    python3 -m dlrm_cache bench kind=loader data_path=$K/processed batch_size=16384 epochs=3 \
+        output="$OUT/bench-loader.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-loader.txt"
+    python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
+        backends=[hbm,freq_cache] cache_ratios=[0.015] warmup=10 iters=30 bottom_mlp=[512,256] \
+        top_mlp=[1024,1024,512,256] output="$OUT/bench-train-feed.json" 2>&1 | grep --line-buffered -v "^W1" \
+        > "$OUT/bench-train-feed.txt"
+    for emb in hbm freq_cache; do
+        python3 -m dlrm_cache train data.path=$K/processed data.batch_size=16384 data.eval_batch_size=65536 \
+            model=mlperf embedding=$emb eval_batches=4 progress=false run_dir=$K/run-$emb 2>&1 \
+            | grep --line-buffered -v "^W1" > "$OUT/train-feed-$emb.txt"
+        cp $K/run-$emb/summary.json "$OUT/train-feed-$emb-summary.json"
+    done
+fi
 tail -n 12 "$OUT"/*.txt
