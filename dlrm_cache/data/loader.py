@@ -43,14 +43,6 @@ class Batch:
     labels: torch.Tensor  # [b] float32
     analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
-        return Batch(
-            self.dense.to(device, non_blocking=non_blocking),
-            self.sparse.to(device, non_blocking=non_blocking),
-            self.labels.to(device, non_blocking=non_blocking),
-            self.analysis,
-        )
-
     @property
     def size(self) -> int:
         return self.labels.numel()

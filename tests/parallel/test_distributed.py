@@ -158,8 +158,8 @@ def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, t
 
 
 def test_sharded_forward_consumes_its_prefetched_batch(tmp_path: Path):
-    """The trainer prefetches the host batch and runs forward on a copy (``Batch.to`` makes new
-    KJTs even on the CPU): forward must take the prefetched ids exchange, not redo it, and the
+    """A training forward takes the oldest prefetched batch (FIFO), also when it is another KJT
+    object holding that batch: forward must take the prefetched ids exchange, not redo it, and the
     pending queue must not grow with every step.  One gloo rank, in process."""
     import torch.distributed as dist
 
