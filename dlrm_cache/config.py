@@ -134,8 +134,9 @@ class PlanConfig:
     data_path: str = "data/synth/processed"  # a processed dataset (its stats/ are read)
     ratios: list[float] = field(default_factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1])
     embedding_dim: int = 128  # for the memory column
-    per_table: bool = False  # also print each table's hit rate
+    per_table: bool = False  # also print each table's hit rate (and draw it)
     output: Optional[str] = None  # write the predictions as JSON here
+    figure: Optional[str] = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
 
 
 @dataclass
@@ -163,6 +164,16 @@ class BenchConfig:
     seed: int = 0
     device: str = "auto"
     output: Optional[str] = None  # JSON results (also printed as a table)
+    figure: Optional[str] = MISSING  # the results as a PNG (set in bench.yaml; null: none)
+
+
+@dataclass
+class ReportConfig:
+    """`dlrm-cache report`: figures of run directories (train's run dir, or a -m sweep directory)."""
+
+    runs: list[str] = field(default_factory=list)  # run directories, or one sweep directory
+    output: Optional[str] = None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
+    worst_tables: int = 3  # per-table hit rates drawn for this many tables with the lowest hit rate
 
 
 def _run_id() -> str:
@@ -200,6 +211,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)
     cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(name="report_schema", node=ReportConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="optim", name="optim_schema", node=OptimConfig)
