@@ -44,13 +44,19 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
     fig.suptitle(title, fontsize=11)
     for ax, panel in zip(axes.flat, panels):
         for line in panel.lines:
-            ax.plot(line.x, line.y, line.style, label=line.label, markersize=4)
+            (drawn,) = ax.plot(line.x, line.y, line.style, label=line.label, markersize=4)
+            if line.annotate:
+                for x, y in zip(line.x, line.y):
+                    ax.annotate(format(y, line.annotate), (x, y), textcoords="offset points", xytext=(0, 6),
+                                ha="center", fontsize=7, color=drawn.get_color())
         for label, y in panel.hlines:
             ax.axhline(y, color="tab:gray", linestyle="--", linewidth=1, label=label)
+        if any(line.annotate for line in panel.lines):
+            ax.margins(x=0.08, y=0.15)  # room for the value labels inside the axes
         if panel.xlim:
             ax.set_xlim(*panel.xlim)
         if panel.y_from_zero:
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel(panel.xlabel)
         ax.set_ylabel(panel.ylabel)
@@ -63,7 +69,7 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
             ax.xaxis.set_minor_formatter(NullFormatter())
         if panel.xticks is not None:
             ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=8)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right" if panel.y_from_zero else "best")
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     return save_png(fig, path)
@@ -86,6 +92,7 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     for xi, yi in zip(x, series["hit_rate"]):
         ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
     ax.set_xscale("log")
+    ax.margins(x=0.06)
     ax.set_xticks(x)
     ax.xaxis.set_major_formatter(FuncFormatter(_percent))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -94,11 +101,15 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(True, alpha=0.3)
     mem = ax.twinx()
-    mem.plot(x, series["cache_mib"], "^:", color="tab:gray", label="cache memory (right axis)")
-    mem.set_ylabel(f"GPU memory of the cache (MiB, rows + optimizer state, dim {series['embedding_dim']})")
+    mem.plot(x, series["cache_mib"], "^:", color="tab:gray",
+             label=f"cache GPU memory: rows + optimizer state at dim {series['embedding_dim']} (right axis)")
+    for xi, mib in zip(x, series["cache_mib"]):
+        mem.annotate(f"{mib:,.1f} MiB", (xi, mib), textcoords="offset points", xytext=(-5, 4), ha="right",
+                     fontsize=7, color="tab:gray")  # upper left of a rising curve: clear of it
+    mem.set_ylabel("cache GPU memory (MiB)")
     mem.set_ylim(0, max(series["cache_mib"]) * 1.15 or 1)
     handles = ax.get_legend_handles_labels()[0] + mem.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="lower right")
+    top.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="outside lower center", ncols=3)
     ax.set_title("Hit rate and memory per cache ratio", fontsize=10)
     if bottom is not None:
         _draw_table_heatmap(bottom.subplots(), per_table, x)

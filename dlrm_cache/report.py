@@ -20,8 +20,9 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 REPORT_PNG = "report.png"
 REPORT_MD = "report.md"
-# config keys that differ between any two runs without describing what was compared
-_NOT_SWEPT = {"run_dir", "resume", "progress"}
+# config keys that differ between any two runs without describing what was compared (data.path:
+# compare() has checked that every run read the same dataset, however its path was written)
+_NOT_SWEPT = {"run_dir", "resume", "progress", "data.path"}
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Line:
     x: list[float]
     y: list[float]
     style: str = "o-"  # matplotlib format string: "o-" measured, "s--" predicted, "--" reference
+    annotate: str | None = None  # format spec to write each value beside its point (few points)
 
 
 @dataclass
@@ -142,7 +144,7 @@ def run_panels(run: Run, worst_tables: int = 3) -> list[Panel]:
     steps = [r["step"] for r in t]
     e_steps = [r["step"] for r in run.evals]
     last = max(steps + e_steps, default=1)
-    xlim = (0.0, last * 1.03)  # every panel over the whole run, even with one evaluation
+    xlim = (0.0, last * 1.06)  # every panel over the whole run (even with one evaluation), room for labels
     panels = [
         Panel("loss", "Training loss", "step", "binary cross-entropy (mean per log interval)",
               [Line("train loss", steps, [r["loss"] for r in t], "-")], xlim=xlim),
@@ -151,10 +153,10 @@ def run_panels(run: Run, worst_tables: int = 3) -> list[Panel]:
     ]
     oracle = (run.summary or {}).get("oracle_auc")
     panels.append(Panel("val_auc", "Validation AUC", "step", "AUC",
-                        [Line("val AUC", e_steps, [r["auc"] for r in run.evals])], xlim=xlim,
+                        [Line("val AUC", e_steps, [r["auc"] for r in run.evals], annotate=_few(e_steps, ".4f"))], xlim=xlim,
                         hlines=[(f"planted model (oracle) AUC {oracle:.4f}", oracle)] if oracle is not None else []))
     panels.append(Panel("val_logloss", "Validation log loss", "step", "log loss",
-                        [Line("val log loss", e_steps, [r["logloss"] for r in run.evals])], xlim=xlim))
+                        [Line("val log loss", e_steps, [r["logloss"] for r in run.evals], annotate=_few(e_steps, ".4f"))], xlim=xlim))
     rate_key = next((k for k in ("hit_rate", "hit_rate_distinct") if t and k in t[0]), None)
     if rate_key:
         what = "lookups" if rate_key == "hit_rate" else "distinct ids"
@@ -177,6 +179,11 @@ def run_panels(run: Run, worst_tables: int = 3) -> list[Panel]:
                             [Line(label, steps, [1000 * v for v in per_step(t, k)]) for k, label in waits],
                             xlim=xlim))
     return panels
+
+
+def _few(points: list, spec: str, most: int = 8) -> str | None:
+    """Write the values beside the points when there are few enough to read."""
+    return spec if len(points) <= most else None
 
 
 def per_step(train: list[dict[str, Any]], key: str) -> list[float]:
@@ -215,7 +222,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def compare(runs: list[Run]) -> Sweep:
     """What the runs differ in, checked to be comparable (one dataset, finished)."""
-    datasets = {str(r.config["data"]["path"]) for r in runs}
+    datasets = {_dataset_id(r) for r in runs}
     if len(datasets) > 1:
         by = "; ".join(f"{r.name}: data.path={r.config['data']['path']}" for r in runs)
         raise ValueError(f"runs of different datasets cannot be compared ({by})")
@@ -271,6 +278,13 @@ def predicted_hit_rates(runs: list[Run]) -> list[float | None]:
     return [predicted[x] if x else None for x in ratios]
 
 
+def _dataset_id(run: Run) -> str:
+    """The dataset as a resolved path when it can be found (a relative and an absolute data.path
+    name the same data), else data.path as written."""
+    found = dataset_path(run)
+    return str(found.resolve()) if found else str(run.config["data"]["path"])
+
+
 def dataset_path(run: Run) -> Path | None:
     """The run's dataset with its frequency statistics: data.path as given, else relative to the
     directory the run was started from (Hydra records it)."""
@@ -300,15 +314,16 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
 
     oracle = [r.summary["oracle_auc"] for r in runs if "oracle_auc" in r.summary]
     panels = [
-        Panel("val_auc", "Final validation AUC", xlabel, "AUC", [Line("val AUC (end of run)", *pick("val_auc"))],
+        Panel("val_auc", "Final validation AUC", xlabel, "AUC", [Line("val AUC (end of run)", *pick("val_auc"), annotate=_few(x, ".4f"))],
               hlines=[(f"planted model (oracle) AUC {oracle[0]:.4f}", oracle[0])] if oracle else [], **common),
         Panel("samples_per_s", "Training throughput", xlabel, "samples/s (whole run)",
-              [Line("train samples/s", *pick("train_samples_per_s"))], y_from_zero=True, **common),
+              [Line("train samples/s", *pick("train_samples_per_s"), annotate=_few(x, ",.0f"))], y_from_zero=True, **common),
     ]
-    hit = [Line("measured (lookups served by the cache)", *pick("embedding_hit_rate"))]
+    hit = [Line("measured (lookups served by the cache)", *pick("embedding_hit_rate"), annotate=_few(x, ".3f"))]
     pred = [(xi, p) for xi, p in zip(x, sweep.predicted) if p is not None]
     if pred:
-        hit.append(Line("predicted by dlrm-cache plan", [p[0] for p in pred], [p[1] for p in pred], "s--"))
+        hit.append(Line("predicted by dlrm-cache plan", [p[0] for p in pred], [p[1] for p in pred], "s--",
+                        annotate=_few(pred, ".3f")))
     if hit[0].x or pred:
         panels.append(Panel("hit_rate", "Cache hit rate: measured vs planned", xlabel, "hit rate",
                             [line for line in hit if line.x], **common))
@@ -316,7 +331,8 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
               if "embedding_rows_loaded" in r.summary and r.summary["steps"]]
     if loaded:
         panels.append(Panel("rows_loaded", "Cache traffic", xlabel, "rows loaded per training step",
-                            [Line("rows loaded (host to cache)", [p[0] for p in loaded], [p[1] for p in loaded])],
+                            [Line("rows loaded (host to cache)", [p[0] for p in loaded], [p[1] for p in loaded],
+                                  annotate=_few(loaded, ",.0f"))],
                             y_from_zero=True, **common))
     return panels
 

@@ -41,8 +41,10 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def sweep(processed_synth: Path, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One real `dlrm-cache train -m` over three cache ratios (a Hydra sweep directory)."""
     root = tmp_path_factory.mktemp("sweep")
+    # data.path relative to where train ran, as `make` runs it: report finds the stats from anywhere
     res = cli("train", "-m", "embedding=freq_cache", f"embedding.cache_ratio={','.join(map(str, RATIOS))}",
-              f"data.path={processed_synth}", f"hydra.sweep.dir={root / 'multirun'}", *SMALL, cwd=root)
+              f"data.path={processed_synth.name}", f"hydra.sweep.dir={root / 'multirun'}", *SMALL,
+              cwd=processed_synth.parent)
     assert res.returncode == 0, res.stderr
     return root / "multirun", res
 
@@ -168,7 +170,10 @@ def test_report_command_writes_pngs_and_markdown(sweep, capsys):
     assert code == 0, err
     assert_png(root / "report.png")
     md = (root / "report.md").read_text()
-    assert "![runs compared](report.png)" in md and md.count("| 2") >= 3  # one table row per run
+    assert "![runs compared](report.png)" in md
+    for i, ratio in enumerate(RATIOS):  # one table row per run, with its own numbers
+        s = json.loads((root / str(i) / "summary.json").read_text())
+        assert f"| {root.parent.name}/multirun/{i} | {ratio:g} | 12 | {s['val_auc']:.4f} | {s['val_logloss']:.4f} |" in md
     code, out, err = report_cli(capsys, str(root / "1"))
     assert code == 0 and out.strip() == f"dlrm-cache report: wrote {root / '1' / 'report.png'} and {root / '1' / 'report.md'}"
     assert_png(root / "1" / "report.png")
@@ -267,3 +272,14 @@ def test_commands_do_not_import_the_plotting_module():
                           "dlrm_cache.bench.run, dlrm_cache.report; print('dlrm_cache.figures' in sys.modules)"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.stdout.strip() == "False", res.stderr
+
+
+def test_unfinished_job_of_a_sweep_is_listed_and_left_out(sweep, tmp_path, capsys):
+    copy = tmp_path / "multirun"
+    shutil.copytree(sweep[0], copy, ignore=shutil.ignore_patterns("checkpoints", "report.*"))
+    (copy / "1" / "summary.json").unlink()
+    s = compare(find_runs([copy])[0])
+    assert s.x == [RATIOS[0], RATIOS[2]] and s.unfinished == [copy / "1"]
+    code, _, err = report_cli(capsys, str(copy))
+    assert code == 0, err
+    assert f"Not finished (no summary.json), left out: {copy / '1'}" in (copy / "report.md").read_text()
