@@ -32,6 +32,11 @@ def save_png(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _wrap(title: str, width: int) -> str:
+    """Long lines (deep run paths, many swept keys) wrapped rather than cut at the figure's edge."""
+    return "\n".join(textwrap.fill(line, width) for line in title.splitlines())
+
+
 def _percent(v: float, _pos: Any = None) -> str:
     return f"{100 * v:.3g}%"
 
@@ -41,14 +46,17 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 3.6 * rows + 0.8), squeeze=False,
                              layout="constrained")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(_wrap(title, 140), fontsize=11)
     for ax, panel in zip(axes.flat, panels):
         for line in panel.lines:
             (drawn,) = ax.plot(line.x, line.y, line.style, label=line.label, markersize=4)
+            if panel.xticks is not None:  # separate runs, not a series: no lines between them
+                drawn.set_linestyle("none")
             if line.annotate:
                 for x, y in zip(line.x, line.y):
-                    ax.annotate(format(y, line.annotate), (x, y), textcoords="offset points", xytext=(0, 6),
-                                ha="center", fontsize=7, color=drawn.get_color())
+                    ax.annotate(format(y, line.annotate), (x, y), textcoords="offset points",
+                                xytext=(0, -12 if line.annotate_below else 6), ha="center", fontsize=7,
+                                color=drawn.get_color())
         for label, y in panel.hlines:
             ax.axhline(y, color="tab:gray", linestyle="--", linewidth=1, label=label)
         if any(line.annotate for line in panel.lines):
@@ -67,7 +75,8 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
             ax.set_xticks(xs)
             ax.xaxis.set_major_formatter(FuncFormatter(_percent))
             ax.xaxis.set_minor_formatter(NullFormatter())
-        if panel.xticks is not None:
+        if panel.xticks is not None:  # separate runs: every run's slot shown, labels clear of the edges
+            ax.set_xlim(-0.6, len(panel.xticks) - 0.4)
             ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=8)
         ax.legend(fontsize=8, loc="lower right" if panel.y_from_zero else "best")
     for ax in list(axes.flat)[len(panels):]:
@@ -80,7 +89,7 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     per-table rates, a second panel: one row per table, one column per ratio."""
     per_table = series.get("per_table")
     fig = plt.figure(figsize=(11, 4.6 + (0.26 * len(per_table) + 1.2 if per_table else 0)), layout="constrained")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(_wrap(title, 120), fontsize=11)
     if per_table:
         top, bottom = fig.subfigures(2, 1, height_ratios=[4.6, 0.26 * len(per_table) + 1.2])
     else:
@@ -137,21 +146,21 @@ def draw_bench(series: dict[str, Any], title: str, path: Path) -> Path:
     per_bar = 0.45 if series["metric"] == "ms_per_iter" else 0.8
     fig, ax = plt.subplots(figsize=(10, 1.6 + per_bar * len(labels) + 0.9 * bool(series["skipped"])),
                            layout="constrained")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(_wrap(title, 120), fontsize=11)
     y = range(len(labels))
     if series["metric"] == "ms_per_iter":
         colors = ["tab:orange" if v == series["baseline"] else "tab:blue" for v in labels]
         bars = ax.barh(y, series["ms_per_iter"], color=colors)
         for bar, ms, sps, rel in zip(bars, series["ms_per_iter"], series["samples_per_s"], series["relative"]):
-            text = f" {ms:.2f} ms, {sps:,.0f} samples/s" + (f", {rel:.2f}x the baseline's speed" if rel is not None else "")
+            text = f" {ms:.2f} ms | {sps:,.0f} samples/s" + (f" | {rel:.2f}x" if rel is not None else "")
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8)
-        ax.set_xlabel("milliseconds per iteration (lower is faster)")
+        ax.set_xlabel("milliseconds per iteration (lower is faster); beside each bar: speed as a multiple of the baseline's")
         if series["baseline"]:
             base = series["ms_per_iter"][labels.index(series["baseline"])]
             ax.axvline(base, color="tab:orange", linestyle="--", linewidth=1,
                        label=f"baseline: {series['baseline']} ({base:.2f} ms)")
             ax.legend(fontsize=8, loc="lower right")
-        ax.set_xlim(0, max(series["ms_per_iter"]) * 1.7)
+        ax.set_xlim(0, max(series["ms_per_iter"]) * 1.75)  # room for the text beside the longest bar
     else:  # kind=planning: the cache's own work per batch, in two threads
         h = 0.38
         for offset, key, label in ((-h / 2, "analyze_ms", "analyze (loader thread)"),

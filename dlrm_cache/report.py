@@ -32,6 +32,7 @@ class Line:
     y: list[float]
     style: str = "o-"  # matplotlib format string: "o-" measured, "s--" predicted, "--" reference
     annotate: str | None = None  # format spec to write each value beside its point (few points)
+    annotate_below: bool = False  # under the point: clear of a line drawn just above this one
 
 
 @dataclass
@@ -248,12 +249,12 @@ def compare(runs: list[Run]) -> Sweep:
 
 
 def _label(values: dict[str, Any], present: list[str]) -> str:
-    """A run's swept values, one per line: a placement as ``embedding=Class``; of the keys that only
-    some placements have, just the cache ratio (the rest follow from the placement)."""
+    """A run's swept values, one per line: a placement as its class name; of the keys that only some
+    placements have, just the cache ratio (the rest follow from the placement)."""
     out = []
     for k, v in values.items():
         if k.endswith("._target_"):
-            out.append(f"{k[: -len('._target_')]}={_short(v)}")
+            out.append(_short(v))
         elif v is not None and (k in present or k.endswith("cache_ratio")):
             out.append(f"{k.rsplit('.', 1)[-1]}={_short(v)}")
     return "\n".join(out)
@@ -319,7 +320,9 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
         Panel("samples_per_s", "Training throughput", xlabel, "samples/s (whole run)",
               [Line("train samples/s", *pick("train_samples_per_s"), annotate=_few(x, ",.0f"))], y_from_zero=True, **common),
     ]
-    hit = [Line("measured (lookups served by the cache)", *pick("embedding_hit_rate"), annotate=_few(x, ".3f"))]
+    # measured has come out below the plan's prediction in the runs so far: its labels go under the points
+    hit = [Line("measured (lookups served by the cache)", *pick("embedding_hit_rate"), annotate=_few(x, ".3f"),
+                annotate_below=True)]
     pred = [(xi, p) for xi, p in zip(x, sweep.predicted) if p is not None]
     if pred:
         hit.append(Line("predicted by dlrm-cache plan", [p[0] for p in pred], [p[1] for p in pred], "s--",
@@ -338,10 +341,12 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
 
 
 def sweep_title(sweep: Sweep, where: str) -> str:
-    what = ", ".join(sweep.keys) if sweep.keys else "identical configs"
+    keys = sweep.keys
+    what = ", ".join(keys) if len(keys) <= 3 else f"{', '.join(keys[:3])} and {len(keys) - 3} more config keys"
     c = sweep.runs[0].config
-    return (f"dlrm-cache runs {where}: {len(sweep.runs)} runs over {what}\n"
-            f"{sweep.runs[0].placement()} | batch {c['data']['batch_size']:,} | data {c['data']['path']}")
+    placements = " / ".join(dict.fromkeys(r.placement() for r in sweep.runs))
+    return (f"dlrm-cache report: {where}, {len(sweep.runs)} runs compared over {what or 'nothing (same config)'}\n"
+            f"{placements} | batch {c['data']['batch_size']:,} | data {c['data']['path']}")
 
 
 # ----------------------------------------------------------------------------------- markdown
@@ -376,7 +381,7 @@ def sweep_markdown(sweep: Sweep, where: str) -> str:
     flat = [flatten(r.config) for r in sweep.runs]
     for r, f, p in zip(sweep.runs, flat, sweep.predicted):
         s = r.summary
-        vals = " | ".join(_short(f.get(k)) for k in sweep.keys) or "same"
+        vals = " | ".join("-" if f.get(k) is None else _short(f.get(k)) for k in sweep.keys) or "same"
         out.append(f"| {r.name} | {vals} | {s['steps']:,} | {_fmt(s.get('val_auc', math.nan))} "
                    f"| {_fmt(s.get('val_logloss', math.nan))} | {_fmt(s.get('train_samples_per_s', math.nan))} "
                    f"| {_fmt(s.get('embedding_hit_rate', math.nan))} | {_fmt(p) if p is not None else 'n/a'} |")
@@ -400,7 +405,7 @@ def report(cfg: DictConfig) -> dict[str, Path]:
         draw_panels(run_panels(run, cfg.worst_tables), run_title(run), out / REPORT_PNG)
         atomic_write_text(out / REPORT_MD, run_markdown(run, worst))
     else:
-        where = str(sweep_dir) if sweep_dir else f"{len(runs)} runs"
+        where = str(sweep_dir) if sweep_dir else "runs side by side"
         sweep = compare(runs)
         out = Path(cfg.output) if cfg.output else (sweep_dir or Path("."))
         draw_panels(sweep_panels(sweep), sweep_title(sweep, where), out / REPORT_PNG)

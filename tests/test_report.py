@@ -189,7 +189,7 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     assert_png(out_dir / "report.png")
     s = compare([load_run(sweep[0] / "0"), load_run(host_run)])
     assert not s.numeric and "embedding._target_" in s.keys and s.x == [0, 1]
-    assert s.labels == ["embedding=FreqCacheBackend\ncache_ratio=0.02", "embedding=HostBackend"]
+    assert s.labels == ["FreqCacheBackend\ncache_ratio=0.02", "HostBackend"]
     assert split_run_dirs([str(host_run), "b", "output=x", "runs=[c]"]) == ([str(host_run), "b"], ["output=x", "runs=[c]"])
     code, _, err = report_cli(capsys, f"runs=[{sweep[0] / '0'},{host_run}]", f"output={tmp_path / 'cmp2'}")
     assert code == 0, err

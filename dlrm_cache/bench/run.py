@@ -292,7 +292,7 @@ def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
     if cfg.figure and any("error" not in r for r in results):
         from ..figures import draw_bench
 
-        print(f"figure: {draw_bench(bench_series(results), title, Path(cfg.figure))}")
+        print(f"dlrm-cache bench: figure {draw_bench(bench_series(results), title, Path(cfg.figure))}")
 
 
 def _row(r: dict[str, Any]) -> str:
