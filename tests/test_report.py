@@ -220,10 +220,11 @@ def _bad_runs(tmp_path: Path, sweep_dir: Path) -> dict[str, tuple[list[str], str
         "empty": ([str(empty)], f"{empty / 'metrics.jsonl'}: empty"),
         "mixed": ([str(sweep_dir / "0"), str(other)], "runs of different datasets cannot be compared"),
         "garbled": ([str(garbled)], f"{garbled / 'metrics.jsonl'}:2: not a JSON record"),
+        "no runs": ([], "runs: name at least one run directory"),
     }
 
 
-@pytest.mark.parametrize("case", ["not a run", "empty", "mixed", "garbled"])
+@pytest.mark.parametrize("case", ["not a run", "empty", "mixed", "garbled", "no runs"])
 def test_bad_input_is_one_line(case, sweep, tmp_path, capsys):
     args, message = _bad_runs(tmp_path, sweep[0])[case]
     code, out, err = report_cli(capsys, *args, f"output={tmp_path / 'out'}")
