@@ -88,7 +88,7 @@ def config_dict(cfg: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
     if dataclasses.is_dataclass(cfg):
         return dataclasses.asdict(cfg)
     return dict(cfg)

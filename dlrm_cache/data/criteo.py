@@ -3,28 +3,38 @@
 A line is ``label \\t I1..I13 \\t C1..C26`` (40 fields).  Inputs may be plain or gzip (detected by
 the magic bytes, not the name) and may use CRLF line ends.  Lines are numbered from 1 in messages.
 
-Policy, per line (the first failing check names the line's reason):
+Policy, per line: acceptance is a property of the line alone (never of the lines read with it, so
+``chunk_bytes`` cannot change the output).  The first failing check names the line's reason:
 
+* too long (``"line too long"``): more than :data:`MAX_LINE_BYTES` bytes (no valid line has even 500),
+  e.g. a binary file given as input.  Only the first ``MAX_LINE_BYTES + 1`` bytes of such a line
+  are ever held in memory;
 * wrong field count (``"wrong field count"``): not exactly 40 tab-separated fields, e.g. the 39-field
   lines of Kaggle's ``test.txt``, cut lines, or an empty line;
-* label (``"label not 0/1"``): empty or anything but ``0``/``1``;
-* integer fields (``"non-integer in an integer field"``): anything but an optional ``-`` and decimal
-  digits that fit in int64.  An empty integer is 0; a negative one is clipped to 0 (as DLRM does);
-  the dense value is ``log(1 + x)`` as float32, so it is always finite;
+* label (``"label not 0/1"``): empty or anything but ``0``/``1`` (e.g. a header line);
+* integer fields (``"non-integer in an integer field"``): anything but an optional ``-`` and 1-18
+  decimal digits (so always within int64; no spaces, ``+``, ``0x``).  An empty integer is 0; a
+  negative one is clipped to 0 (as DLRM does); the dense value is ``log(1 + x)`` as float32, so it is
+  always finite;
 * categorical fields (``"categorical not 1-8 hex digits"``): must be empty or 1-8 hex digits (either
   case).  The id is that hex number as int64; an empty field is :data:`format.MISSING_ID`.
+* Any byte may appear (non-UTF-8, NUL, ...): such a line just fails one of the checks above.
 * A carriage return is only a line end when followed by LF (or at the end of the file); anywhere
-  else it makes its field invalid.
+  else it makes its field invalid.  A UTF-8 byte order mark at the start of a file is ignored.
+
+A gzip file that is cut short or corrupt stops the run with :class:`InputError` naming the file.
 
 Parsing is pyarrow's multi-threaded CSV reader plus numpy: hex digits go through a byte lookup
-table, never a Python loop per value.  Malformed lines are rare, so the fast path assumes none and
-only a block that has some is re-read as raw bytes to find and classify them.
+table, never a Python loop per value.  Malformed lines are rare, so the fast path assumes every line
+has 40 fields and only a block where pyarrow disagrees is laid out line by line: lines of the wrong
+shape are blanked (their reason kept) and the block is parsed again, one row per line.
 """
 
 from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -39,14 +49,21 @@ from .format import DENSE_NAMES, LABEL, MISSING_ID, NUM_DENSE, NUM_SPARSE, SPARS
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 COLUMNS = [LABEL, *DENSE_NAMES, *SPARSE_NAMES]
 
+BAD_LONG = "line too long"
 BAD_FIELDS = "wrong field count"
 BAD_LABEL = "label not 0/1"
 BAD_INT = "non-integer in an integer field"
 BAD_HEX = "categorical not 1-8 hex digits"
 
+# Bump when what a line parses to, or whether it is accepted, changes: datasets built under
+# another version are not reused.  2: acceptance no longer depends on the other lines of a block.
+LINE_POLICY_VERSION = 2
+MAX_LINE_BYTES = 64 << 10  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
 _GZIP_MAGIC = b"\x1f\x8b"
-_INT_RE = r"^-?[0-9]{1,18}$"  # 18 digits always fit in int64 (pyarrow's own parser accepts 19)
-
+_BOM = b"\xef\xbb\xbf"
+_INT_RE = r"^-?[0-9]{1,18}$"  # 18 digits always fit in int64
+_HEX_RE = r"^[0-9a-fA-F]{1,8}$"
+_CORRUPT_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
 def _pair_lut() -> np.ndarray:
@@ -65,6 +82,10 @@ _HEX_PAIR_LUT = _pair_lut()  # 128 KiB: one lookup decodes two hex digits
 
 class BadLineError(ValueError):
     """A malformed line under ``bad_lines: fail``; the message is ``path:lineno: reason``."""
+
+
+class InputError(ValueError):
+    """An input file that cannot be read as text lines (e.g. a truncated gzip); names the file."""
 
 
 @dataclass
@@ -113,23 +134,45 @@ def iter_blocks(
     """Yield blocks of whole lines (``chunk_bytes`` plus the rest of the last line) until EOF or
     ``stop_line``, from text offset ``start`` (a block's ``end``, whose first line is ``start_line``).
 
-    The last block may extend past ``stop_line``; callers filter by line index.
+    The last block may extend past ``stop_line``; callers filter by line index.  A line longer than
+    :data:`MAX_LINE_BYTES` that ends a block is cut after ``MAX_LINE_BYTES + 1`` bytes (its line end
+    kept), so a block never holds much more than ``chunk_bytes`` whatever the input.
     """
     reader, raw = open_raw(path)
-    with raw, reader:
-        if start:
-            reader.seek(start)  # gzip: decompresses up to there, still much cheaper than parsing
-        line, pos = start_line, start
-        while stop_line is None or line < stop_line:
-            data = reader.read(chunk_bytes)
-            if not data:
+    try:
+        with raw, reader:
+            if start:
+                reader.seek(start)  # gzip: decompresses up to there, still much cheaper than parsing
+            line, pos = start_line, start
+            while stop_line is None or line < stop_line:
+                data = reader.read(chunk_bytes)
+                if not data:
+                    break
+                consumed = len(data)
+                if not data.endswith(b"\n"):
+                    rest, n = _rest_of_line(reader)  # complete the last line (one copy, not a carry)
+                    data += rest
+                    consumed += n
+                n = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without newline counts
+                pos += consumed
+                yield Block(data, line, n, pos, raw.tell())
+                line += n
+    except _CORRUPT_GZIP as e:
+        raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
+
+
+def _rest_of_line(reader: BinaryIO) -> tuple[bytes, int]:
+    """(the rest of the current line, bytes consumed); past ``MAX_LINE_BYTES + 1`` bytes the line's
+    text is skipped, not kept (enough is kept to know it is too long)."""
+    rest = reader.readline(MAX_LINE_BYTES + 2)  # + 1 for the line end
+    consumed = len(rest)
+    if len(rest) == MAX_LINE_BYTES + 2 and not rest.endswith(b"\n"):
+        while skipped := reader.readline(1 << 20):
+            consumed += len(skipped)
+            if skipped.endswith(b"\n"):
+                rest += b"\n"
                 break
-            if not data.endswith(b"\n"):
-                data += reader.readline()  # complete the last line (one copy, not a carry)
-            n = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without newline counts
-            pos += len(data)
-            yield Block(data, line, n, pos, raw.tell())
-            line += n
+    return rest, consumed
 
 
 def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
@@ -137,12 +180,15 @@ def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
     reader, raw = open_raw(path)
     buf = bytearray(chunk_bytes)  # reused: no fresh pages per read
     view = memoryview(buf)
-    with raw, reader:
-        n, last = 0, b"\n"
-        while size := reader.readinto(view):  # type: ignore[attr-defined]
-            n += buf.count(b"\n", 0, size)
-            last = bytes(view[size - 1 : size])
-        return n + (last != b"\n")
+    try:
+        with raw, reader:
+            n, last = 0, b"\n"
+            while size := reader.readinto(view):  # type: ignore[attr-defined]
+                n += buf.count(b"\n", 0, size)
+                last = bytes(view[size - 1 : size])
+            return n + (last != b"\n")
+    except _CORRUPT_GZIP as e:
+        raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
 
 
 # --------------------------------------------------------------------------------------- parsing
@@ -156,41 +202,69 @@ def _normalize_line_ends(data: bytes) -> bytes:
     return data.replace(b"\r", b"\0")
 
 
-def _read_table(data: bytes, typed: bool) -> tuple[pa.Table, int]:
-    """pyarrow CSV parse; returns the table and how many rows had the wrong field count."""
-    skipped = 0
+def _read_table(data: bytes) -> pa.Table:
+    """pyarrow CSV parse, one row per line (an empty line is an all-null row); raises
+    ``pa.ArrowInvalid`` if a line does not have 40 fields or is too long for pyarrow's blocks.
 
-    def on_invalid(_row: object) -> str:
-        nonlocal skipped
-        skipped += 1
-        return "skip"
-
-    # Binary (not string) columns: no UTF-8 check, any byte is caught by our own validation.
-    types = {n: pa.int64() if typed else pa.binary() for n in DENSE_NAMES}
-    types.update({n: pa.binary() for n in (LABEL, *SPARSE_NAMES)})
-    table = pacsv.read_csv(
+    Binary (not string) columns: no UTF-8 check, every byte goes through our own validation.  No
+    ``invalid_row_handler``: pyarrow decodes the row as UTF-8 before calling it, and fails inside
+    the callback on any other byte.
+    """
+    return pacsv.read_csv(
         pa.BufferReader(data),
         read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=4 << 20),
-        parse_options=pacsv.ParseOptions(
-            delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=on_invalid
-        ),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(
-            column_types=types, null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False
+            column_types={n: pa.binary() for n in COLUMNS},
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
         ),
     )
-    return table, skipped
 
 
-def _line_layout(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Per line: number of tab-separated fields, and whether the line is empty."""
+def _may_have_long_line(data: bytes) -> bool:
+    """False when no line is longer than MAX_LINE_BYTES: then every aligned window of half that
+    size holds a line end (one memchr per window, not a pass over every byte)."""
+    half = MAX_LINE_BYTES // 2
+    return any(data.find(b"\n", k, k + half) < 0 for k in range(0, len(data) - half + 1, half))
+
+
+@dataclass
+class _Shape:
+    """Lines a block held that cannot be a 40-field row (too long, wrong field count, empty)."""
+
+    lines: np.ndarray  # 0-based line indices in the block
+    reasons: list[str]
+    details: list[str]
+
+
+def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
+    """The block with every line that cannot be a 40-field row emptied (its line end kept), so it
+    parses as one row per line; and those lines with their reasons."""
+    if not data.endswith(b"\n"):
+        data += b"\n"  # a last line without one, once emptied, must still be a line
     arr = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(arr == 10)
-    if len(ends) == 0 or ends[-1] != len(arr) - 1:
-        ends = np.append(ends, len(arr))  # last line without newline
     starts = np.concatenate(([0], ends[:-1] + 1))
     tabs = np.flatnonzero(arr == 9)
     fields = np.searchsorted(tabs, ends) - np.searchsorted(tabs, starts) + 1
-    return fields, ends == starts
+    length = ends - starts
+    too_long = length > MAX_LINE_BYTES
+    blank = too_long | (fields != NUM_FIELDS)  # an empty line has one field
+    lines = np.flatnonzero(blank)
+    reasons = [BAD_LONG if too_long[k] else BAD_FIELDS for k in lines]
+    details = [
+        f"more than {MAX_LINE_BYTES} bytes" if too_long[k]
+        else "empty line" if length[k] == 0
+        else f"{fields[k]} fields, expected {NUM_FIELDS}"
+        for k in lines
+    ]
+    delta = np.zeros(len(arr) + 1, dtype=np.int64)  # +1 where a blanked line starts, -1 at its end
+    delta[starts[lines]] += 1
+    delta[ends[lines]] -= 1
+    keep = np.cumsum(delta[:-1]) == 0
+    return arr[keep].tobytes(), _Shape(lines, reasons, details)
 
 
 def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -222,19 +296,23 @@ def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ids, bad
 
 
-def _dense_columns(table: pa.Table, typed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(13, n) float32 log1p(max(x, 0)) with empty -> 0, and the bad-row mask."""
+def _dense_columns(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(13, n) float32 log1p(max(x, 0)) with empty -> 0, and the bad-row mask.
+
+    The raw bytes are checked against :data:`_INT_RE` before conversion: pyarrow's own int64
+    parser also takes " 5", "0x5" and 19 digits, and its verdict on one value would decide how a
+    whole block is read.
+    """
     n = table.num_rows
     dense = np.empty((NUM_DENSE, n), dtype=np.float32)
     bad = np.zeros(n, dtype=bool)
     for i, name in enumerate(DENSE_NAMES):
         col = table.column(name).combine_chunks()
-        if not typed:  # validate the raw bytes, null the bad ones, then convert
-            ok = pc.fill_null(pc.match_substring_regex(col, _INT_RE), True).to_numpy(zero_copy_only=False)
+        ok = pc.fill_null(pc.match_substring_regex(col, _INT_RE), True).to_numpy(zero_copy_only=False)
+        if not ok.all():
             bad |= ~ok
             col = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.binary()))
-            col = pc.cast(pc.cast(col, pa.string()), pa.int64())
-        x = pc.fill_null(col, 0).to_numpy(zero_copy_only=False)
+        x = pc.fill_null(pc.cast(pc.cast(col, pa.string()), pa.int64()), 0).to_numpy(zero_copy_only=False)
         dense[i] = np.log1p(np.maximum(x, 0).astype(np.float64))  # float64: exact up to 2**53
     return dense, bad
 
@@ -254,40 +332,30 @@ def _field_text(table: pa.Table, name: str, row: int) -> str:
 
 def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) -> Parsed:
     """Parse one block of whole lines; ``first_line`` is the file line index of its first line."""
+    if first_line == 0 and data.startswith(_BOM):
+        data = data[len(_BOM) :]
     data = _normalize_line_ends(data)
     if num_lines is None:
         num_lines = data.count(b"\n") + (not data.endswith(b"\n"))
-    typed = True
-    try:
-        table, skipped = _read_table(data, typed=True)
-    except pa.ArrowInvalid:  # a conversion error somewhere: validate the raw bytes instead
-        typed = False
-        table, skipped = _read_table(data, typed=False)
-    n = table.num_rows
-
-    # Map table rows to lines.  pyarrow drops lines with the wrong field count but keeps empty
-    # lines as all-null rows, so the mapping is the identity unless something was dropped.
-    empty_row = np.zeros(n, dtype=bool)
-    bad_lines: list[np.ndarray] = []
-    reasons: list[str] = []
-    details: list[str] = []
+    table = None
+    if not _may_have_long_line(data):
+        try:
+            table = _read_table(data)
+        except pa.ArrowInvalid:  # some line has the wrong field count
+            pass
+    shape = _Shape(np.empty(0, np.int64), [], [])
     # An empty line is an all-null row: only a null label makes the layout worth computing.
-    if skipped or n != num_lines or not typed or table.column(LABEL).null_count:
-        fields, empty = _line_layout(data)
-        kept = (fields == NUM_FIELDS) | empty
-        row_line = np.flatnonzero(kept)
-        if len(row_line) != n:
-            raise RuntimeError(f"internal: {n} rows parsed from {len(row_line)} lines")
-        empty_row = empty[row_line]
-        wrong = np.flatnonzero(~kept | empty)
-        bad_lines.append(wrong)
-        reasons += [BAD_FIELDS] * len(wrong)
-        details += ["empty line" if empty[k] else f"{fields[k]} fields, expected {NUM_FIELDS}" for k in wrong]
-    else:
-        row_line = np.arange(n)
+    if table is None or table.column(LABEL).null_count:
+        data, shape = _blank_bad_shapes(data)
+        table = _read_table(data)
+    n = table.num_rows
+    if n != num_lines:
+        raise RuntimeError(f"internal: {n} rows parsed from {num_lines} lines")
+    shaped = np.zeros(n, dtype=bool)
+    shaped[shape.lines] = True
 
     label, bad_label = _label_column(table)
-    dense, bad_int = _dense_columns(table, typed)
+    dense, bad_int = _dense_columns(table)
     ids = np.empty((NUM_SPARSE, n), dtype=np.int64)  # feature-major: each feature contiguous
     bad_hex = np.zeros(n, dtype=bool)
     for j, name in enumerate(SPARSE_NAMES):
@@ -295,26 +363,29 @@ def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) 
         bad_hex |= b
 
     # One reason per line, in the documented order of checks.
-    bad_label &= ~empty_row
-    bad_int &= ~(empty_row | bad_label)
-    bad_hex &= ~(empty_row | bad_label | bad_int)
+    bad_label &= ~shaped
+    bad_int &= ~(shaped | bad_label)
+    bad_hex &= ~(shaped | bad_label | bad_int)
+    bad_lines = [shape.lines]
+    reasons, details = list(shape.reasons), list(shape.details)
     for mask, reason in ((bad_label, BAD_LABEL), (bad_int, BAD_INT), (bad_hex, BAD_HEX)):
         rows = np.flatnonzero(mask)
-        bad_lines.append(row_line[rows])
+        bad_lines.append(rows)
         reasons += [reason] * len(rows)
         details += [_bad_field(table, reason, int(r)) for r in rows]
 
-    good = ~(empty_row | bad_label | bad_int | bad_hex)
+    good = ~(shaped | bad_label | bad_int | bad_hex)
+    row_line = np.arange(n, dtype=np.int64)
     if not good.all():
         row_line, label, dense, ids = row_line[good], label[good], dense[:, good], ids[:, good]
-    all_bad = np.concatenate(bad_lines) if bad_lines else np.empty(0, np.int64)
+    all_bad = np.concatenate(bad_lines).astype(np.int64)
     order = np.argsort(all_bad, kind="stable")
     return Parsed(
-        lines=row_line.astype(np.int64) + first_line,
+        lines=row_line + first_line,
         label=label,
         dense=dense,
         ids=ids,
-        bad_lines=all_bad[order].astype(np.int64) + first_line,
+        bad_lines=all_bad[order] + first_line,
         bad_reasons=[reasons[k] for k in order],
         bad_details=[details[k] for k in order],
     )
@@ -325,7 +396,7 @@ def _bad_field(table: pa.Table, reason: str, row: int) -> str:
     if reason == BAD_LABEL:
         return f"{LABEL}={_field_text(table, LABEL, row)}"
     names = DENSE_NAMES if reason == BAD_INT else SPARSE_NAMES
-    pattern = _INT_RE if reason == BAD_INT else r"^[0-9a-fA-F]{1,8}$"
+    pattern = _INT_RE if reason == BAD_INT else _HEX_RE
     for name in names:
         v = table.column(name)[row].as_py()
         if v is not None and not re.fullmatch(pattern.strip("^$"), v.decode("utf-8", "replace")):
