@@ -332,8 +332,10 @@ def _field_text(table: pa.Table, name: str, row: int) -> str:
 
 def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) -> Parsed:
     """Parse one block of whole lines; ``first_line`` is the file line index of its first line."""
-    if first_line == 0 and data.startswith(_BOM):
-        data = data[len(_BOM) :]
+    if data.startswith(_BOM):
+        # A file's byte order mark is dropped.  Elsewhere it is data, but pyarrow would drop it at
+        # the start of any block: its first byte is made NUL, which fails the same checks.
+        data = data[len(_BOM) :] if first_line == 0 else b"\0" + data[1:]
     data = _normalize_line_ends(data)
     if num_lines is None:
         num_lines = data.count(b"\n") + (not data.endswith(b"\n"))

@@ -81,8 +81,10 @@ def find_sources(inp: Path) -> list[Path]:
     """A file, or a directory's day_N[.gz] files in numeric order (else its train.txt[.gz])."""
     if inp.is_file():
         return [inp.resolve()]
-    if not inp.is_dir():
+    if not inp.exists():
         raise PreprocessError(f"input {inp} does not exist")
+    if not inp.is_dir():
+        raise PreprocessError(f"input {inp} is not a regular file or a directory")
     days = sorted((int(m.group(1)), p) for p in inp.iterdir() if (m := _DAY_FILE.match(p.name)) and p.is_file())
     if days:
         return [p.resolve() for _, p in days]

@@ -84,6 +84,8 @@ def ref_parse(paths: list[Path]) -> tuple[list[list[RefLine]], dict[str, int], l
         if lines and lines[-1] == "":
             lines.pop()  # the final newline ends the last line
         lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        if lines and lines[0].startswith("\xef\xbb\xbf"):  # a UTF-8 byte order mark (as latin-1)
+            lines[0] = lines[0][3:]
         sizes.append(len(lines))
         out = []
         for k, line in enumerate(lines):
@@ -100,6 +102,9 @@ def ref_parse(paths: list[Path]) -> tuple[list[list[RefLine]], dict[str, int], l
 
 
 def _ref_reason(line: str) -> str | None:
+    """``line``: one line's bytes as latin-1 text (one character per byte)."""
+    if len(line) > 64 * 1024:
+        return "line too long"
     x = line.split("\t")
     if len(x) != 40:
         return "wrong field count"
