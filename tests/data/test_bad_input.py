@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 ODD_LINES = [
     GOOD.replace("\t5\t", "\t 5\t", 1).encode(),  # pyarrow's int64 parser takes the space
     GOOD.replace("\t5\t", "\t0x5\t", 1).encode(),  # ... and hex
-    GOOD.replace("\t5\t", "\t9223372036854775807\t", 1).encode(),  # 19 digits
+    GOOD.replace("\t5\t", "\t9223372036854775808\t", 1).encode(),  # just past int64
+    GOOD.replace("\t5\t", "\t9223372036854775807\t", 1).encode(),  # int64's limit: a good line
     GOOD.replace("\t5\t", "\t\xff5\t", 1).encode("latin-1"),  # not UTF-8
     b"\xff\xfe\x00binary\t1\t2",  # not UTF-8 and the wrong field count
     b"1\t" + b"7" * (10 << 20),  # a 10 MB line

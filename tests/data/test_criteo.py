@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import math
+import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -102,9 +104,10 @@ BORDERLINE = [
     (GOOD.replace("\t5\t", "\t 5\t", 1), "non-integer in an integer field"),
     (GOOD.replace("\t5\t", "\t5 \t", 1), "non-integer in an integer field"),
     (GOOD.replace("\t5\t", "\t0x5\t", 1), "non-integer in an integer field"),
-    (GOOD.replace("\t5\t", "\t9223372036854775807\t", 1), "non-integer in an integer field"),  # 19 digits
-    (GOOD.replace("\t5\t", "\t999999999999999999\t", 1), None),  # 18 digits
-    (GOOD.replace("\t5\t", "\t-000000000000000005\t", 1), None),
+    (GOOD.replace("\t5\t", "\t9223372036854775808\t", 1), "non-integer in an integer field"),  # int64 max + 1
+    (GOOD.replace("\t5\t", "\t9223372036854775807\t", 1), None),  # int64 max
+    (GOOD.replace("\t5\t", "\t-9223372036854775808\t", 1), None),  # int64 min
+    (GOOD.replace("\t5\t", "\t-0000000000000000000000005\t", 1), None),
 ]
 
 
@@ -115,6 +118,28 @@ def test_acceptance_is_a_property_of_the_line(line: str, reason: str | None, nei
     verdict = dict(zip(p.bad_lines.tolist(), p.bad_reasons))
     assert verdict.get(1) == reason
     assert (1 in p.lines.tolist()) == (reason is None)
+
+
+def test_pyarrow_int64_parser_is_the_policy_on_plain_bytes() -> None:
+    """The fast path's premise (criteo._plain): on the bytes of valid lines, pyarrow's own int64
+    conversion accepts exactly an optional '-' and digits that fit in int64, with their value."""
+    rng = random.Random(0)
+    alphabet = "0123456789abcdefABCDEF-"
+    values = {"".join(rng.choice(alphabet) if rng.random() < 0.3 else rng.choice("0123456789")
+                      for _ in range(rng.randint(1, 22))) for _ in range(600)}
+    values |= {"-", "--1", "1-", "-0", "007", "9223372036854775807", "9223372036854775808",
+               "-9223372036854775808", "-9223372036854775809", "0" * 30 + "5", "1e5", "0b1"}
+    lines = [GOOD.replace("\t5\t", f"\t{v}\t", 1) for v in sorted(values)]
+    data = "\n".join(lines).encode()
+    fast = criteo.parse_block(data)  # typed where pyarrow converts the block, else per value
+    for k, v in enumerate(sorted(values)):
+        one = criteo.parse_block(lines[k].encode() + b"\n")
+        ok = re.fullmatch(r"-?[0-9]+", v) is not None and -(2**63) <= int(v) < 2**63
+        assert (len(one.lines) == 1) == ok, v
+        if ok:
+            assert one.dense[0, 0] == np.float32(np.log1p(max(int(v), 0))), v
+    assert len(fast.lines) == sum(re.fullmatch(r"-?[0-9]+", v) is not None and -(2**63) <= int(v) < 2**63
+                                  for v in values)
 
 
 def test_any_bytes_are_a_bad_line_not_a_crash() -> None:
