@@ -1,7 +1,9 @@
 """Structured config schemas, registered with Hydra's ConfigStore.
 
-Every yaml file under ``configs/`` names one of these schemas in its defaults list, so a typo'd key
-or an ill-typed value fails when the config is composed, before any work starts.
+Every yaml file under ``configs/`` names one of these schemas in its defaults list, so a typo'd key,
+an ill-typed value or a choice not in its Enum fails when the config is composed.  A numeric field
+declares its range where it is defined (``checked(default, ge=1)``, see :mod:`.ranges`); the
+dispatcher checks them all right after composition, before any work starts.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Config schemas of the data commands (`dlrm-cache synth`, `dlrm-cache preprocess`).
 
 ``configs/synth.yaml`` and ``configs/preprocess.yaml`` name these schemas in their defaults lists, so a
-misspelt key or an ill-typed value fails when Hydra composes the config.  The command functions
+misspelt key, an ill-typed value or an unknown choice fails when Hydra composes the config; ranges
+are declared on the fields (:func:`dlrm_cache.ranges.checked`) and checked right after.  The command functions
 (:func:`dlrm_cache.data.synth.synth`, :func:`dlrm_cache.data.preprocess.preprocess`) take either the
 dataclass itself or an OmegaConf object built from it; they never need Hydra to be initialized.
 """

@@ -636,11 +636,14 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
         print(f"preprocess: up to date, reusing {out}")
         return reused
     _check_replaceable(out)
-    plan = plan_splits(cfg, files, file_splits, bool(cfg.progress))
 
     root = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
-        root.mkdir()
+        root.mkdir()  # first, so an output that cannot be written fails before any reading
+    except PermissionError as e:
+        raise PreprocessError(f"output {out}: cannot create files in {out.parent} ({e.strerror})") from None
+    try:
+        plan = plan_splits(cfg, files, file_splits, bool(cfg.progress))
         manifest = _build(cfg, plan, settings, root)
         if out.exists():  # swap: the old dataset stays complete until the rename
             old = out.parent / f".{out.name}.old-{os.getpid()}"

@@ -184,19 +184,20 @@ def test_unusable_input_is_one_line_and_leaves_nothing(tmp_path: Path, case, mak
     _no_leftovers(out)
 
 
-@pytest.mark.parametrize("what", ["file", "directory"])
-def test_unreadable_input_is_one_line(tmp_path: Path, what: str) -> None:
+@pytest.mark.parametrize("what", ["file", "directory", "output directory"])
+def test_unreadable_input_or_unwritable_output_is_one_line(tmp_path: Path, what: str) -> None:
     tiny_synth(tmp_path / "raw", lines=200)
-    inp = tmp_path / "raw" / "day_0" if what == "file" else tmp_path / "raw"
-    inp.chmod(0)
+    (tmp_path / "out").mkdir()
+    denied = {"file": tmp_path / "raw" / "day_0", "directory": tmp_path / "raw", "output directory": tmp_path / "out"}[what]
+    denied.chmod(0o555 if what == "output directory" else 0)
     try:
-        res = _cli("preprocess", f"input={inp}", f"output={tmp_path / 'ds'}", "progress=false",
+        res = _cli("preprocess", f"input={tmp_path / 'raw'}", f"output={tmp_path / 'out' / 'ds'}", "progress=false",
                    cwd=tmp_path, drop_root_powers=True)
     finally:
-        inp.chmod(0o755)
-    _one_line_error(res, "Permission denied", str(inp))
-    assert not (tmp_path / "ds").exists()
-    _no_leftovers(tmp_path / "ds")
+        denied.chmod(0o755)
+    _one_line_error(res, "Permission denied", str(denied))
+    assert not (tmp_path / "out" / "ds").exists()
+    _no_leftovers(tmp_path / "out" / "ds")
 
 
 def test_skipped_lines_are_reported_without_tracebacks(tmp_path: Path) -> None:
