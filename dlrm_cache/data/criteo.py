@@ -35,7 +35,6 @@ blanked (their reason kept) and the block is parsed again, one row per line.
 from __future__ import annotations
 
 import gzip
-import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
