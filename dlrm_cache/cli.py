@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from .config import config_dir, register_configs
 from .console import quiet_known_noise
+from .ranges import validate
 
 register_configs()
 CONFIGS = config_dir()
@@ -87,15 +88,20 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 
 
 # What bad input raises (with a message naming the file, line or config key): shown as one line.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IndexError)
+# The OSErrors are those of a path the user gave (their message names it), never a bug of ours.
+USER_ERRORS = (
+    ValueError, IndexError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
+)
 
 
 def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
-    """One line on stderr and exit status 1 for bad input; tracebacks stay for real bugs
-    (set DLRM_CACHE_TRACEBACK=1 to see them for bad input too)."""
+    """Checks the composed config's ranges before the command builds anything; one line on stderr
+    and exit status 1 for bad input; tracebacks stay for real bugs (set DLRM_CACHE_TRACEBACK=1 to
+    see them for bad input too)."""
 
     def run(cfg: DictConfig) -> None:
         try:
+            validate(cfg)
             fn(cfg)
         except USER_ERRORS as e:
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
