@@ -217,7 +217,7 @@ class Run:
             "data": {"batch_size": self.cfg.data.batch_size, "epoch": step // steps_per_epoch,
                      "batch_in_epoch": step % steps_per_epoch, "seed": self.cfg.seed},
             "world_size": self.info.world_size,
-            "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "config": OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True),
         }
         path = save_checkpoint(self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank)
         self.log.write("checkpoint", step=step, path=str(path))
@@ -437,6 +437,6 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
             run.total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
         )
     run.log.write("start", step=step, total_steps=run.total_steps, world_size=info.world_size,
-                  config=OmegaConf.to_container(cfg, resolve=True))
+                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     step, clock, totals, startup_s = train_steps(run, step)
     return summarize(run, step, clock, totals, startup_s)
