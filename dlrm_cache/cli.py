@@ -60,7 +60,8 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 
 
 # What bad input raises (with a message naming the file, line or config key): shown as one line.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IndexError)
+# OSError: a missing or unreadable file, a full disk (its message names the file).
+USER_ERRORS = (ValueError, OSError, IndexError)
 
 
 def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:

@@ -59,6 +59,7 @@ from .format import (
     SPLITS,
     Manifest,
     SplitInfo,
+    sha256_file,
 )
 from .stats import COUNTS, SUMMARY, FeatureStats, IdCounter, format_summary, rank_feature, summarize, write_counts
 
@@ -543,14 +544,6 @@ def _check_replaceable(out: Path) -> None:
         )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
 def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> Manifest:
     bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
     cache = ParseCache(int(cfg.cache_mb) << 20)
@@ -578,7 +571,7 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
         schema_version=SCHEMA_VERSION,
         table_sizes=[stats[n].table_size for n in SPARSE_NAMES],
         splits=splits,
-        stats_digest=_sha256(root / COUNTS),
+        stats_digest=sha256_file(root / COUNTS),
         min_count=int(cfg.min_count),
         hash_modulus=int(cfg.hash_modulus),
         sources=[str(p) for p in plan.files],

@@ -26,7 +26,7 @@ from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
 from ..parallel.plan import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
-from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_meta, open_resume, save_checkpoint
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,8 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
     manifest = Manifest.load(data_path)
+    manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    ckpt = open_resume(cfg, manifest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
 
     embeddings = build_embeddings(cfg, manifest, data_path, device, info)
@@ -260,22 +262,17 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
         total_steps = min(total_steps, cfg.max_steps)
 
     step = 0
-    if cfg.resume:
-        ckpt = Checkpoint(find_checkpoint(cfg.resume))
-        if ckpt.dense["data"]["batch_size"] != cfg.data.batch_size:
-            raise ValueError(
-                f"resume={ckpt.path}: written with data.batch_size={ckpt.dense['data']['batch_size']}, "
-                f"now {cfg.data.batch_size}; the data position would not match"
-            )
+    if ckpt is not None:
         model.load_dense_state_dict(ckpt.dense["model"])
         opt.load_state_dict(ckpt.dense["optimizer"])
         if embeddings.state_keys():
             embeddings.import_tables(ckpt.tables(embeddings.state_keys()))
-        step = int(ckpt.dense["step"])
+        step = ckpt.step
         if info.is_main:
             log.info("resumed from %s at step %d", ckpt.path, step)
 
-    metrics_log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+    metrics_log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main,
+                           keep=ckpt.log_records(run_dir) if ckpt is not None else None)
     lookahead = int(getattr(embeddings, "lookahead", 0))
     oracle = find_oracle(manifest)
     if info.is_main:
@@ -289,14 +286,9 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
 
     def checkpoint(at: int) -> None:
         embeddings.flush()  # cached rows and their optimizer state back into the full tables
-        dense = {
-            "model": model.dense_state_dict(), "optimizer": opt.state_dict(), "step": at,
-            "data": {"batch_size": cfg.data.batch_size, "epoch": at // steps_per_epoch,
-                     "batch_in_epoch": at % steps_per_epoch, "seed": cfg.seed},
-            "world_size": info.world_size,
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
-        path = save_checkpoint(run_dir, at, dense, embeddings.export_tables(), info.rank)
+        dense = {"model": model.dense_state_dict(), "optimizer": opt.state_dict()}
+        meta = checkpoint_meta(cfg, manifest, info.world_size, metrics_log.records + 1)  # + its own record
+        path = save_checkpoint(run_dir, at, dense, embeddings.export_tables(), info.rank, meta)
         metrics_log.write("checkpoint", step=at, path=str(path))
 
     def run_eval(at: int) -> dict[str, float]:
