@@ -59,8 +59,8 @@ def save_checkpoint(
 ) -> Path:
     """Collective under torchrun: every rank calls it with its own tables; rank 0's ``dense`` and
     ``meta`` (JSON-able: config, dataset identity, ...) are stored."""
-    root = Path(run_dir) / CKPT_DIR
-    final = root / f"step_{step:08d}"
+    final = step_dir(run_dir, step)
+    root = final.parent
     tmp = root / f".{final.name}.tmp"
     if rank == 0:
         _clean_left_behind(root)
@@ -92,6 +92,11 @@ def save_checkpoint(
                       "the earlier checkpoints are intact", str(e.filename or tmp)) from None
     _barrier()
     return final
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    """Where :func:`save_checkpoint` puts the checkpoint of ``step``."""
+    return Path(run_dir) / CKPT_DIR / f"step_{step:08d}"
 
 
 def _save(obj: dict[str, Any], path: Path) -> int:

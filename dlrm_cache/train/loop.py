@@ -26,7 +26,7 @@ from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
 from ..parallel.plan import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
-from .checkpoint import checkpoint_meta, open_resume, save_checkpoint
+from .checkpoint import checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
 
 log = logging.getLogger(__name__)
@@ -287,9 +287,10 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     def checkpoint(at: int) -> None:
         embeddings.flush()  # cached rows and their optimizer state back into the full tables
         dense = {"model": model.dense_state_dict(), "optimizer": opt.state_dict()}
-        meta = checkpoint_meta(cfg, manifest, info.world_size, metrics_log.records + 1)  # + its own record
-        path = save_checkpoint(run_dir, at, dense, embeddings.export_tables(), info.rank, meta)
-        metrics_log.write("checkpoint", step=at, path=str(path))
+        # recorded first: a run resumed from this checkpoint keeps the records up to this one
+        metrics_log.write("checkpoint", step=at, path=str(step_dir(run_dir, at)))
+        meta = checkpoint_meta(cfg, manifest, info.world_size, metrics_log.records)
+        save_checkpoint(run_dir, at, dense, embeddings.export_tables(), info.rank, meta)
 
     def run_eval(at: int) -> dict[str, float]:
         result = evaluate(net, val_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
