@@ -185,9 +185,9 @@ def load_data(path: Path, mmap: bool = False) -> Any:
             # a foreign pickle protocol: refused below or harmless, not worth a warning
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
-    except OSError as e:
-        raise OSError(e.errno, f"{path}: {e.strerror or one_line(e)}") from None
-    except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError, ...: a crafted or damaged file
+    except (FileNotFoundError, PermissionError) as e:
+        raise type(e)(e.errno, f"{path}: {e.strerror}") from None
+    except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError, OSError (mmap), ...: crafted or damaged
         detail = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\. |\n\n|$)", str(e), re.S)
         if detail:
             raise ValueError(f"{path}: refused: it holds more than tensors and plain data "

@@ -13,6 +13,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import resource
 import shutil
 import signal
 import time
@@ -48,27 +49,33 @@ def at(cfg: DictConfig, run_dir: Path, resume: Path | None = None) -> DictConfig
     return out
 
 
-def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_to: str | None) -> None:
+def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_to: str | None,
+           full_at: int | None = None) -> None:
     """Train as ``cfg`` says in this process; ``kill_at=(save, op)``: SIGKILL just before the
     op-th file-system call of the save-th checkpoint save (both from 0); ``count_to``: write how
-    many such calls each save made."""
+    many such calls each save made; ``full_at``: from the start of that save on, the kernel
+    refuses to grow a file past 1000 bytes (RLIMIT_FSIZE: EFBIG, as a full disk gives ENOSPC)."""
     fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     torch.set_num_threads(1)  # several children and pytest share two cores
     import dlrm_cache.train.loop as loop
 
-    if kill_at is not None or count_to is not None:
+    if kill_at is not None or count_to is not None or full_at is not None:
         counts: list[int] = []
         inside = [False]
         real_save = loop.save_checkpoint
 
         def save(*a, **k):
             counts.append(0)
+            if full_at == len(counts) - 1:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
             inside[0] = True
             try:
                 return real_save(*a, **k)
             finally:
                 inside[0] = False
+                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
                 if count_to:
                     Path(count_to).write_text(json.dumps(counts))
 
@@ -91,10 +98,10 @@ def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_
 
 
 def run(cfg: DictConfig, tmp: Path, kill_at=None, kill_after: float | None = None,
-        count_to: Path | None = None) -> tuple[int, str]:
+        count_to: Path | None = None, full_at: int | None = None) -> tuple[int, str]:
     """(exit code, stderr) of a training child; -9 when it was killed."""
     err = tmp / f"stderr-{time.monotonic_ns()}"
-    p = _CTX.Process(target=_child, args=(cfg, str(err), kill_at, str(count_to) if count_to else None))
+    p = _CTX.Process(target=_child, args=(cfg, str(err), kill_at, str(count_to) if count_to else None, full_at))
     p.start()
     p.join(kill_after)
     if p.is_alive():
@@ -214,3 +221,239 @@ def test_kill_at_a_random_time_then_resume_is_bit_identical(straight, tmp_path: 
 
 def _complete_steps(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.glob("checkpoints/*step_*") if (p / "meta.json").is_file())
+
+
+# --------------------------------------------------------------------------- hostile and damaged input
+class _Payload:
+    """Unpickling this runs code: it creates the file ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _set_size(ckpt: Path, name: str) -> None:
+    """What an attacker also does: make meta.json's recorded size match the crafted file."""
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"][name] = (ckpt / name).stat().st_size
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+
+
+def _crafted_torch_dense(ckpt: Path, marker: Path) -> str:
+    torch.save({"model": _Payload(marker), "optimizer": {}}, ckpt / "dense.pt")
+    _set_size(ckpt, "dense.pt")
+    return "dense.pt: refused"
+
+
+def _crafted_pickle_dense(ckpt: Path, marker: Path) -> str:
+    with open(ckpt / "dense.pt", "wb") as f:
+        pickle.dump({"model": _Payload(marker)}, f)
+    _set_size(ckpt, "dense.pt")
+    return "dense.pt: refused"
+
+
+def _crafted_tables(ckpt: Path, marker: Path) -> str:
+    torch.save({"C1.weight": _Payload(marker)}, ckpt / "tables-rank0.pt")
+    _set_size(ckpt, "tables-rank0.pt")
+    return "tables-rank0.pt: refused"
+
+
+def _truncate(name: str, keep_size_record: bool = True):
+    def damage(ckpt: Path, marker: Path) -> str:
+        data = (ckpt / name).read_bytes()
+        (ckpt / name).write_bytes(data[: len(data) // 2])
+        if not keep_size_record:  # a checkpoint whose meta.json records no sizes
+            meta = json.loads((ckpt / "meta.json").read_text())
+            del meta["files"]
+            (ckpt / "meta.json").write_text(json.dumps(meta))
+        return f"{name}: " if keep_size_record else f"{name}: not a readable checkpoint file"
+    return damage
+
+
+def _garbage_meta(ckpt: Path, marker: Path) -> str:
+    (ckpt / "meta.json").write_text('{"step": 12, "tables": ')
+    return "meta.json: not a dlrm-cache checkpoint"
+
+
+def _missing_tables(ckpt: Path, marker: Path) -> str:
+    (ckpt / "tables-rank0.pt").unlink()
+    return "tables-rank0.pt: missing"
+
+
+DAMAGE = {
+    "crafted torch.save dense.pt": _crafted_torch_dense,
+    "crafted plain pickle dense.pt": _crafted_pickle_dense,
+    "crafted tables file": _crafted_tables,
+    "truncated tables file": _truncate("tables-rank0.pt"),
+    "truncated dense.pt": _truncate("dense.pt"),
+    "truncated tables file, no sizes recorded": _truncate("tables-rank0.pt", keep_size_record=False),
+    "garbage meta.json": _garbage_meta,
+    "missing tables file": _missing_tables,
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_crafted_or_damaged_checkpoint_is_refused_before_anything_runs(straight, tmp_path: Path, case: str):
+    """One line naming the file, no payload run, nothing written by the refused run."""
+    from dlrm_cache.train.loop import train
+
+    cfg, base, _ = straight
+    src = tmp_path / "src"
+    shutil.copytree(base, src)
+    marker = tmp_path / "payload-ran"
+    expect = DAMAGE[case](src / "checkpoints" / "step_00000012", marker)
+    with pytest.raises((ValueError, OSError)) as e:
+        train(at(cfg, tmp_path / "new", src))
+    msg = str(e.value)
+    assert "\n" not in msg and expect in msg and str(src) in msg, msg
+    assert not marker.exists()
+    assert list((tmp_path / "new").glob("*")) == []  # the run directory, and nothing in it
+
+
+def test_cli_refuses_a_crafted_checkpoint_in_one_line(straight, tmp_path: Path):
+    """The whole command: exit status 1, one line on stderr, the payload did not run."""
+    cfg, base, _ = straight
+    src = tmp_path / "src"
+    shutil.copytree(base, src)
+    marker = tmp_path / "payload-ran"
+    _crafted_torch_dense(src / "checkpoints" / "step_00000012", marker)
+    err = tmp_path / "stderr"
+    args = ["train", f"data.path={cfg.data.path}", f"hydra.run.dir={tmp_path / 'new'}", "device=cpu",
+            "model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]", "data.batch_size=128",
+            f"resume={src}"]
+    p = _CTX.Process(target=_cli_child, args=(args, str(err)))
+    p.start()
+    p.join()
+    lines = err.read_text().splitlines()
+    assert p.exitcode == 1
+    assert len(lines) == 1 and lines[0].startswith("dlrm-cache train: error: ") and "dense.pt: refused" in lines[0]
+    assert not marker.exists()
+
+
+def _cli_child(args: list[str], stderr: str) -> None:
+    os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    from dlrm_cache.cli import main
+
+    main(args)
+
+
+def test_resume_from_a_directory_without_checkpoint(straight, tmp_path: Path):
+    from dlrm_cache.train.loop import train
+
+    cfg, _, _ = straight
+    (tmp_path / "empty" / "checkpoints" / ".step_00000004.tmp").mkdir(parents=True)  # a killed first save
+    with pytest.raises(FileNotFoundError, match=f"resume={tmp_path / 'empty'}: no checkpoint there"):
+        train(at(cfg, tmp_path / "new", tmp_path / "empty"))
+
+
+def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path: Path):
+    """The second save fails for want of space: one-line error, its temporary directory removed,
+    step 2 intact, and resuming from it gives the uninterrupted run's results."""
+    cfg, base, _ = straight
+    d = tmp_path / "run"
+    code, err = run(at(cfg, d), tmp_path, full_at=1)
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("OSError: [Errno 27] checkpoint step 4 not written (File too large); "
+                           "the earlier checkpoints are intact"), last
+    assert str(d / "checkpoints") in last
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000002"]
+    code, err = run(at(cfg, d, d), tmp_path)
+    assert code == 0, err
+    assert_same(params(base / "checkpoints" / "step_00000012"), params(d / "checkpoints" / "step_00000012"))
+    assert log(d) == log(base)
+
+
+# --------------------------------------------------------------------------- resumes that do not fit
+@pytest.mark.parametrize("change, named", [
+    (["model.embedding_dim=16"], ["model.embedding_dim=8 (now 16)"]),
+    (["optim.sparse.name=sgd"], ["optim.sparse.name='rowwise_adagrad' (now 'sgd')"]),
+    (["optim.dense.name=adam", "model.top_mlp=[32]"],
+     ["model.top_mlp=[16] (now [32])", "optim.dense.name='adagrad' (now 'adam')"]),
+    (["data.batch_size=64"], ["data.batch_size=128 (now 64)"]),
+])
+def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(straight, tmp_path, change, named):
+    from dlrm_cache.train.loop import train
+
+    cfg, base, _ = straight
+    other = _compose(Path(cfg.data.path), ["max_steps=12", *change])
+    with pytest.raises(ValueError) as e:
+        train(at(other, tmp_path / "new", base))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"resume={base / 'checkpoints' / 'step_00000012'}: "), msg
+    assert all(n in msg for n in named), msg
+    assert list((tmp_path / "new").glob("*")) == []
+
+
+def test_resume_on_another_dataset_is_refused(straight, tmp_path: Path):
+    from conftest import write_dataset
+    from dlrm_cache.train.loop import train
+
+    cfg, base, _ = straight
+    write_dataset(tmp_path / "other", {"train": 5000, "val": 1000}, [50, 200, 1000, 30, 500])
+    other = _compose(tmp_path / "other", ["max_steps=12"])
+    with pytest.raises(ValueError, match=r"dataset.splits.train.rows=6000 \(now 5000\)"):
+        train(at(other, tmp_path / "new", base))
+
+
+def test_resume_may_change_learning_rates_and_run_longer(straight, tmp_path: Path):
+    """What may change: a run resumed with another learning rate continues from step 12."""
+    from dlrm_cache.train.loop import train
+
+    cfg, base, _ = straight
+    other = _compose(Path(cfg.data.path), ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01"])
+    assert train(at(other, tmp_path / "new", base))["steps"] == 14
+    assert [r["step"] for r in map(json.loads, (tmp_path / "new" / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"] == [14]
+
+
+# --------------------------------------------------------------------------- what a run will read
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage, named, says", [
+    (lambda d: _cut(d / "val" / "part-00001.parquet"), "val/part-00001.parquet", "unreadable shard"),
+    (lambda d: (d / "train" / "part-00003.parquet").unlink(), "train/part-00003.parquet", "unreadable shard"),
+    (lambda d: shutil.copy(d / "train" / "part-00007.parquet", d / "train" / "part-00002.parquet"),
+     "train/part-00002.parquet", "100 rows but"),
+    (lambda d: (d / "manifest.json").write_text('{"schema_version": 1, "table_si'), "manifest.json",
+     "not a dataset manifest"),
+    (lambda d: (d / "manifest.json").write_text("[1, 2]"), "manifest.json", "not a dataset manifest"),
+    (lambda d: (d / "manifest.json").write_text('{"schema_version": 1}'), "manifest.json", "not a dataset manifest"),
+], ids=["truncated shard", "missing shard", "another shard", "cut manifest", "manifest a list", "manifest no keys"])
+def test_damaged_dataset_is_found_at_start_naming_the_file(tmp_path: Path, damage, named, says):
+    """Found before anything is built or written (before: a traceback, or an error when reached)."""
+    from conftest import write_dataset
+    from dlrm_cache.train.loop import train
+
+    data = tmp_path / "ds"
+    write_dataset(data, {"train": 5000, "val": 1500}, [50, 200, 1000, 30, 500])  # 700-row shards
+    damage(data)
+    with pytest.raises(ValueError) as e:
+        train(at(_compose(data, ["max_steps=12"]), tmp_path / "run"))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(data / named)) and says in msg, msg
+    assert list((tmp_path / "run").glob("*")) == []
+
+
+def test_statistics_other_than_the_manifest_says_are_refused(processed_synth: Path, tmp_path: Path):
+    """stats_digest is checked where the statistics are read (freq_cache, plan)."""
+    import pyarrow.parquet as pq
+
+    from dlrm_cache.data.stats import load_counts
+    from dlrm_cache.train.loop import train
+
+    data = tmp_path / "ds"
+    shutil.copytree(processed_synth, data)
+    counts = data / "stats" / "counts.parquet"
+    table = pq.read_table(counts)
+    pq.write_table(table.set_column(2, "count", table.column("count")), counts, compression="gzip")
+    assert pq.read_table(counts).equals(table)  # same values, another file
+    with pytest.raises(ValueError, match=f"^{counts}: not the statistics {data / 'manifest.json'} was built with"):
+        load_counts(data)
+    with pytest.raises(ValueError, match=f"^{counts}: "):
+        train(at(_compose(data, ["max_steps=2", "embedding=freq_cache"]), tmp_path / "run"))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
