@@ -126,7 +126,11 @@ class TrainConfig:
     progress: bool = True  # tqdm progress bar (rank 0 only)
     shard_rows_above: int = 0  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
     host_memory_gb: float = 0.0  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
-    dist_timeout_s: float = 300.0  # a collective waiting longer than this fails instead of hanging
+    # A collective waiting longer than this fails instead of hanging (a dead rank ends the job at
+    # once: torchrun; this is for a frozen one).  Healthy ranks wait on each other for minutes at
+    # start-up (the slowest rank building its tables) and at each checkpoint (the rank with the most
+    # rows writing and fsyncing its table file), so a short default would kill large runs.
+    dist_timeout_s: float = 300.0
 
 
 @dataclass

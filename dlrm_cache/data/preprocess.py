@@ -59,6 +59,8 @@ from .format import (
     SPLITS,
     Manifest,
     SplitInfo,
+    recover_dir,
+    replace_dir,
     sha256_file,
 )
 from .stats import COUNTS, SUMMARY, FeatureStats, IdCounter, format_summary, rank_feature, summarize, write_counts
@@ -524,9 +526,11 @@ def _check_reuse(out: Path, settings: dict[str, Any], overwrite: bool) -> Manife
 
 
 def _clean_stale(out: Path) -> None:
-    """Remove build/swap directories left by killed runs."""
+    """Remove build directories left by killed runs, and finish a replacement a kill interrupted
+    (the old dataset back if the new one never arrived)."""
+    recover_dir(out)
     for p in out.parent.glob(f".{out.name}.*"):
-        if p.is_dir() and re.fullmatch(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+", p.name):
+        if p.is_dir() and re.fullmatch(rf"\.{re.escape(out.name)}\.tmp-\d+", p.name):
             shutil.rmtree(p)
 
 
@@ -617,13 +621,7 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
     try:
         root.mkdir()
         manifest = _build(cfg, plan, settings, root)
-        if out.exists():  # swap: the old dataset stays complete until the rename
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            root.rename(out)
-            shutil.rmtree(old)
-        else:
-            root.rename(out)
+        replace_dir(root, out)  # the old dataset stays complete until the new one is in
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

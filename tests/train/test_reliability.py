@@ -237,7 +237,7 @@ class _Payload:
 def _set_size(ckpt: Path, name: str) -> None:
     """What an attacker also does: make meta.json's recorded size match the crafted file."""
     meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"][name] = (ckpt / name).stat().st_size
+    meta.setdefault("files", {})[name] = (ckpt / name).stat().st_size
     (ckpt / "meta.json").write_text(json.dumps(meta))
 
 
@@ -266,7 +266,7 @@ def _truncate(name: str, keep_size_record: bool = True):
         (ckpt / name).write_bytes(data[: len(data) // 2])
         if not keep_size_record:  # a checkpoint whose meta.json records no sizes
             meta = json.loads((ckpt / "meta.json").read_text())
-            del meta["files"]
+            meta.pop("files", None)
             (ckpt / "meta.json").write_text(json.dumps(meta))
         return f"{name}: " if keep_size_record else f"{name}: not a readable checkpoint file"
     return damage
@@ -457,3 +457,17 @@ def test_statistics_other_than_the_manifest_says_are_refused(processed_synth: Pa
     with pytest.raises(ValueError, match=f"^{counts}: "):
         train(at(_compose(data, ["max_steps=2", "embedding=freq_cache"]), tmp_path / "run"))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_metrics_log_drops_a_line_cut_short_and_keeps_what_it_is_told(tmp_path: Path):
+    from dlrm_cache.train.metrics import JsonlLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "train", "step": 2}\n{"kind": "checkpoint", "step": 2}\n{"kind": "train", "step": 4}\n{"kind": "tr')
+    log_ = JsonlLog(path)  # a kill in the middle of a write: that record never was
+    assert log_.records == 3 and path.read_text().endswith('"step": 4}\n')
+    log_ = JsonlLog(path, keep=2)  # resumed from the checkpoint after record 2
+    log_.write("train", step=4)
+    assert [(r["kind"], r["step"]) for r in map(json.loads, path.read_text().splitlines())] == [
+        ("train", 2), ("checkpoint", 2), ("train", 4)]
+    assert log_.records == 3
