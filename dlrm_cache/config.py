@@ -121,7 +121,7 @@ class TrainConfig:
     test: bool = False  # also evaluate on the test split at the end
     log_every: int = 50  # metrics.jsonl train record every N steps
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
-    resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
+    resume: Optional[str] = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
     shard_rows_above: int = 0  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)

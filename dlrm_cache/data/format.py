@@ -176,6 +176,7 @@ def replace_dir(new: str | os.PathLike, final: str | os.PathLike) -> None:
     aside, the new one renamed in, and only then the old one deleted.
     """
     new, final = Path(new), Path(final)
+    _fsync_dir(new)  # its entries are on the disk before it is renamed in
     recover_dir(final)
     aside = aside_path(final)
     if final.exists():
