@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from dlrm_cache.train.checkpoint import Checkpoint, find_checkpoint
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["dlrm_cache.train.loop", "test_train"])
+_CTX.set_forkserver_preload(["dlrm_cache.train.loop", "test_reliability"])  # what the children run
 _FS_CALLS = ("mkdir", "fsync", "rename", "replace", "unlink", "rmdir")
 
 
@@ -140,12 +140,10 @@ def left_behind(run_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> tuple[DictConfig, Path, float]:
+def straight(tmp_path_factory, dataset_writer) -> tuple[DictConfig, Path, float]:
     """(config of a 12-step run with checkpoints every 2 steps, its uninterrupted run, its wall time)."""
-    from conftest import write_dataset
-
     tmp = tmp_path_factory.mktemp("reliability")
-    write_dataset(tmp / "ds", {"train": 6000, "val": 1000}, [50, 200, 1000, 30, 500])
+    dataset_writer(tmp / "ds", {"train": 6000, "val": 1000}, [50, 200, 1000, 30, 500])
     cfg = _compose(tmp / "ds", ["max_steps=12"])
     code, err = run(at(cfg, tmp / "warm-up"), tmp)  # starts the forkserver: not part of the wall time
     assert code == 0, err
@@ -387,12 +385,11 @@ def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(strai
     assert list((tmp_path / "new").glob("*")) == []
 
 
-def test_resume_on_another_dataset_is_refused(straight, tmp_path: Path):
-    from conftest import write_dataset
+def test_resume_on_another_dataset_is_refused(straight, tmp_path: Path, dataset_writer):
     from dlrm_cache.train.loop import train
 
     cfg, base, _ = straight
-    write_dataset(tmp_path / "other", {"train": 5000, "val": 1000}, [50, 200, 1000, 30, 500])
+    dataset_writer(tmp_path / "other", {"train": 5000, "val": 1000}, [50, 200, 1000, 30, 500])
     other = _compose(tmp_path / "other", ["max_steps=12"])
     with pytest.raises(ValueError, match=r"dataset.splits.train.rows=6000 \(now 5000\)"):
         train(at(other, tmp_path / "new", base))
@@ -424,13 +421,12 @@ def _cut(path: Path) -> None:
     (lambda d: (d / "manifest.json").write_text("[1, 2]"), "manifest.json", "not a dataset manifest"),
     (lambda d: (d / "manifest.json").write_text('{"schema_version": 1}'), "manifest.json", "not a dataset manifest"),
 ], ids=["truncated shard", "missing shard", "another shard", "cut manifest", "manifest a list", "manifest no keys"])
-def test_damaged_dataset_is_found_at_start_naming_the_file(tmp_path: Path, damage, named, says):
+def test_damaged_dataset_is_found_at_start_naming_the_file(tmp_path: Path, dataset_writer, damage, named, says):
     """Found before anything is built or written (before: a traceback, or an error when reached)."""
-    from conftest import write_dataset
     from dlrm_cache.train.loop import train
 
     data = tmp_path / "ds"
-    write_dataset(data, {"train": 5000, "val": 1500}, [50, 200, 1000, 30, 500])  # 700-row shards
+    dataset_writer(data, {"train": 5000, "val": 1500}, [50, 200, 1000, 30, 500])  # 700-row shards
     damage(data)
     with pytest.raises(ValueError) as e:
         train(at(_compose(data, ["max_steps=12"]), tmp_path / "run"))
