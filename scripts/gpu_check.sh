@@ -26,19 +26,19 @@ want tests && python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -40 > 
 # 2. embedding layer alone: 26 tables x 2M rows x dim 128, batch 16384, power-law ids
 want embedding && python3 -m dlrm_cache bench kind=embedding num_tables=26 rows_per_table=2000000 embedding_dim=128 \
     batch_size=16384 backends=[hbm,uvm_cache,freq_cache] cache_ratios=[0.015,0.1] warmup=10 iters=50 \
-    output="$OUT/bench-embedding.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-embedding.txt"
+    output="$OUT/bench-embedding.json" figure="$OUT/bench-embedding.png" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-embedding.txt"
 
 # 3. whole DLRM step, Criteo-Kaggle cardinalities, MLPerf MLPs, batch 16384
 want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     backends=[hbm,uvm_cache,freq_cache] cache_ratios=[0.005,0.015,0.05] warmup=10 iters=30 \
-    output="$OUT/bench-train.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train.txt"
+    output="$OUT/bench-train.json" figure="$OUT/bench-train.png" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train.txt"
 # at 0.5% a window of lookahead=2 batches does not fit the cache (bench kind=planning shows deferral)
 want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     backends=[hbm,freq_cache] cache_ratios=[0.005] lookahead=1 warmup=10 iters=30 \
-    output="$OUT/bench-train-lookahead1.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train-lookahead1.txt"
+    output="$OUT/bench-train-lookahead1.json" figure="$OUT/bench-train-lookahead1.png" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train-lookahead1.txt"
 
 # 4. the freq_cache's own work per batch (plan + copies, to a device sync)
 want planning && python3 -m dlrm_cache bench kind=planning cardinality_scale=1 embedding_dim=128 batch_size=16384 \
-    cache_ratios=[0.005,0.015,0.05] device=cuda output="$OUT/bench-planning.json" 2>&1 \
+    cache_ratios=[0.005,0.015,0.05] device=cuda output="$OUT/bench-planning.json" figure="$OUT/bench-planning.png" 2>&1 \
     | grep --line-buffered -v "^W1" > "$OUT/bench-planning.txt"
 tail -n 12 "$OUT"/*.txt

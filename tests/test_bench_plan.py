@@ -18,7 +18,7 @@ from dlrm_cache.plan import plan
 
 def _cfg(**kw):
     return OmegaConf.structured(BenchConfig(warmup=2, iters=3, distinct_batches=4, batch_size=64,
-                                            embedding_dim=8, device="cpu", **kw))
+                                            embedding_dim=8, device="cpu", figure=None, **kw))
 
 
 def test_bench_embedding_compares_backends_in_one_run(tmp_path: Path):
@@ -46,7 +46,7 @@ def test_bench_train_and_planning_kinds():
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     out = tmp_path / "plan.json"
     rows = plan(OmegaConf.structured(PlanConfig(data_path=str(processed_synth), ratios=[0.01, 0.05, 0.2],
-                                                output=str(out))))
+                                                output=str(out), figure=None)))
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
     hits = [r["hit_rate"] for r in rows]
     assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1

@@ -135,6 +135,11 @@ class Manifest:
                     )
 
 
+class WriteError(OSError):
+    """An output that could not be written (disk full, quota, file size limit): the message names
+    it and says what was kept."""
+
+
 def one_line(e: BaseException) -> str:
     """An exception's message on one line (for errors that name a file)."""
     return " ".join(str(e).split()) or type(e).__name__

@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.format import Manifest, atomic_write_text, fsync_file, one_line, recover_dir, replace_dir
+from ..data.format import (
+    Manifest, WriteError, atomic_write_text, fsync_file, one_line, recover_dir, replace_dir,
+)
 from ..parallel.plan import parse_key
 
 CKPT_DIR = "checkpoints"
@@ -88,7 +90,7 @@ def save_checkpoint(
     except OSError as e:  # disk full, quota, permissions: the earlier checkpoints stay as they were
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(e.errno, f"checkpoint step {step} not written ({e.strerror or one_line(e)}); "
+        raise WriteError(e.errno, f"checkpoint step {step} not written ({e.strerror or one_line(e)}); "
                       "the earlier checkpoints are intact", str(e.filename or tmp)) from None
     _barrier()
     return final
@@ -209,7 +211,7 @@ class Checkpoint:
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({one_line(e)})") from None
         except OSError as e:
-            raise OSError(e.errno, f"resume: {meta_path}: {e.strerror}") from None
+            raise type(e)(e.errno, f"{meta_path}: {e.strerror}") from None
         for name in sorted({*stored.values(), DENSE}):
             f = self.path / name
             want = self.meta.get("files", {}).get(name)
@@ -282,7 +284,7 @@ class Checkpoint:
 
 def checkpoint_meta(cfg: DictConfig, manifest: Manifest, world_size: int, log_records: int) -> dict[str, Any]:
     """What :func:`save_checkpoint` records beside the tensors (the other half of a resume check)."""
-    return {"config": OmegaConf.to_container(cfg, resolve=True), "dataset": manifest.identity(),
+    return {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "dataset": manifest.identity(),
             "world_size": world_size, "log_records": log_records}
 
 
@@ -291,7 +293,7 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     built: a different model, optimizer, data position or dataset is refused, naming every
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
-    now = {**_pick(OmegaConf.to_container(cfg, resolve=True), RESUME_KEYS), **_flat(manifest.identity(), "dataset.")}
+    now = {**_pick(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), RESUME_KEYS), **_flat(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **_flat(ckpt.meta.get("dataset", {}), "dataset.")}
     diff = [k for k in now if k in then and then[k] != now[k]]
     if diff:

@@ -282,7 +282,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
             total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
         )
     metrics_log.write("start", step=step, total_steps=total_steps, world_size=info.world_size,
-                      config=OmegaConf.to_container(cfg, resolve=True))
+                      config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
     def checkpoint(at: int) -> None:
         embeddings.flush()  # cached rows and their optimizer state back into the full tables

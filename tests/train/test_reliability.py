@@ -354,7 +354,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path
     code, err = run(at(cfg, d), tmp_path, full_at=1)
     assert code == 1
     last = err.strip().splitlines()[-1]
-    assert last.startswith("OSError: [Errno 27] checkpoint step 4 not written (File too large); "
+    assert last.startswith("dlrm_cache.data.format.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
                            "the earlier checkpoints are intact"), last
     assert str(d / "checkpoints") in last
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000002"]
