@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from .config import config_dir, register_configs
 from .console import quiet_known_noise
+from .data.format import WriteError
 from .ranges import validate
 
 register_configs()
@@ -88,9 +89,11 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 
 
 # What bad input raises (with a message naming the file, line or config key): shown as one line.
-# The OSErrors are those of a path the user gave (their message names it), never a bug of ours.
+# The OSErrors are those of a path the user gave (their message names it), never a bug of ours;
+# WriteError: a file that could not be written (disk full, quota), named.
 USER_ERRORS = (
     ValueError, IndexError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
+    WriteError,
 )
 
 

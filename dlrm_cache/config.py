@@ -171,12 +171,16 @@ class TrainConfig:
     test: bool = False  # also evaluate on the test split at the end
     log_every: int = checked(50, ge=1)  # metrics.jsonl train record every N steps
     checkpoint_every: int = checked(0, ge=0)  # steps between checkpoints (0: only at the end)
-    resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
+    resume: Optional[str] = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
     shard_rows_above: int = checked(0, ge=0)  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
     host_memory_gb: float = checked(0.0, ge=0)  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
-    dist_timeout_s: float = checked(300.0, gt=0)  # a collective waiting longer than this fails instead of hanging
+    # A collective waiting longer than this fails instead of hanging (a dead rank ends the job at
+    # once: torchrun; this is for a frozen one).  Healthy ranks wait on each other for minutes at
+    # start-up (the slowest rank building its tables) and at each checkpoint (the rank with the most
+    # rows writing and fsyncing its table file), so a short default would kill large runs.
+    dist_timeout_s: float = checked(300.0, gt=0)
 
 
 @dataclass

@@ -50,6 +50,12 @@ def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shar
     return manifest
 
 
+@pytest.fixture(scope="session")
+def dataset_writer():
+    """``write_dataset``, for tests that need datasets of their own shape or damage them."""
+    return write_dataset
+
+
 @pytest.fixture
 def small_dataset(tmp_path: Path) -> Path:
     root = tmp_path / "ds"

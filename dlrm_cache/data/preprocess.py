@@ -59,6 +59,9 @@ from .format import (
     SPLITS,
     Manifest,
     SplitInfo,
+    recover_dir,
+    replace_dir,
+    sha256_file,
 )
 from .stats import COUNTS, SUMMARY, FeatureStats, IdCounter, format_summary, rank_feature, summarize, write_counts
 
@@ -526,9 +529,11 @@ def _check_reuse(out: Path, settings: dict[str, Any], overwrite: bool) -> Manife
 
 
 def _clean_stale(out: Path) -> None:
-    """Remove build/swap directories left by killed runs."""
+    """Remove build directories left by killed runs, and finish a replacement a kill interrupted
+    (the old dataset back if the new one never arrived)."""
+    recover_dir(out)
     for p in out.parent.glob(f".{out.name}.*"):
-        if p.is_dir() and re.fullmatch(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+", p.name):
+        if p.is_dir() and re.fullmatch(rf"\.{re.escape(out.name)}\.tmp-\d+", p.name):
             shutil.rmtree(p)
 
 
@@ -544,14 +549,6 @@ def _check_replaceable(out: Path) -> None:
             f"output {out} holds files that are not a processed dataset ({', '.join(sorted(foreign)[:3])}); "
             "choose another output"
         )
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
 
 
 def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> Manifest:
@@ -582,7 +579,7 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
         schema_version=SCHEMA_VERSION,
         table_sizes=[stats[n].table_size for n in SPARSE_NAMES],
         splits=splits,
-        stats_digest=_sha256(root / COUNTS),
+        stats_digest=sha256_file(root / COUNTS),
         min_count=int(cfg.min_count),
         hash_modulus=int(cfg.hash_modulus),
         sources=[str(p) for p in plan.files],
@@ -645,13 +642,7 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
     try:
         plan = plan_splits(cfg, files, file_splits, bool(cfg.progress))
         manifest = _build(cfg, plan, settings, root)
-        if out.exists():  # swap: the old dataset stays complete until the rename
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            root.rename(out)
-            shutil.rmtree(old)
-        else:
-            root.rename(out)
+        replace_dir(root, out)  # the old dataset stays complete until the new one is in
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

@@ -24,7 +24,7 @@ from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
 from ..parallel.plan import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
-from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .pipeline import Pipeline
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
 
@@ -208,19 +208,20 @@ class Run:
     val_stream: ShardStream
     total_steps: int
     log: JsonlLog
+    resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
 
     def checkpoint(self, step: int) -> None:
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
-        steps_per_epoch = len(self.train_stream)
-        dense = {
-            "model": self.model.dense_state_dict(), "optimizer": self.opt.state_dict(), "step": step,
-            "data": {"batch_size": self.cfg.data.batch_size, "epoch": step // steps_per_epoch,
-                     "batch_in_epoch": step % steps_per_epoch, "seed": self.cfg.seed},
-            "world_size": self.info.world_size,
-            "config": OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True),
-        }
-        path = save_checkpoint(self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank)
-        self.log.write("checkpoint", step=step, path=str(path))
+        dense = {"model": self.model.dense_state_dict(), "optimizer": self.opt.state_dict()}
+        # recorded first: a run resumed from this checkpoint keeps the records up to this one.  A
+        # resume that did no step saves its own checkpoint again (putting an interrupted replace in
+        # order): its record is already the last one kept.
+        again = self.resume is not None and self.resume.step == step \
+            and self.resume.log_records(self.run_dir) is not None
+        if not again:
+            self.log.write("checkpoint", step=step, path=str(step_dir(self.run_dir, step)))
+        meta = checkpoint_meta(self.cfg, self.manifest, self.info.world_size, self.log.records)
+        save_checkpoint(self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank, meta)
 
     def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
         stream = self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
@@ -247,6 +248,8 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
     manifest = Manifest.load(data_path)
+    manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    ckpt = open_resume(cfg, manifest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     embeddings = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
@@ -275,30 +278,24 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps >= 0:
         total_steps = min(total_steps, cfg.max_steps)
-    log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+    log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main,
+                   keep=ckpt.log_records(run_dir) if ckpt is not None else None)
     return Run(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
-               total_steps, log)
+               total_steps, log, ckpt)
 
 
 def restore(run: Run) -> int:
-    """Load ``cfg.resume`` into the run; the step to continue from (0: a fresh run)."""
-    cfg = run.cfg
-    if not cfg.resume:
+    """Load the checkpoint ``cfg.resume`` named into the run; the step to continue from (0: a fresh run)."""
+    ckpt = run.resume
+    if ckpt is None:
         return 0
-    ckpt = Checkpoint(find_checkpoint(cfg.resume))
-    if ckpt.dense["data"]["batch_size"] != cfg.data.batch_size:
-        raise ValueError(
-            f"resume={ckpt.path}: written with data.batch_size={ckpt.dense['data']['batch_size']}, "
-            f"now {cfg.data.batch_size}; the data position would not match"
-        )
     run.model.load_dense_state_dict(ckpt.dense["model"])
     run.opt.load_state_dict(ckpt.dense["optimizer"])
     if run.embeddings.state_keys():
         run.embeddings.import_tables(ckpt.tables(run.embeddings.state_keys()))
-    step = int(ckpt.dense["step"])
     if run.info.is_main:
-        log.info("resumed from %s at step %d", ckpt.path, step)
-    return step
+        log.info("resumed from %s at step %d", ckpt.path, ckpt.step)
+    return ckpt.step
 
 
 class Throughput:
