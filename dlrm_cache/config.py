@@ -10,6 +10,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,6 +35,19 @@ def config_dir() -> str:
 
 
 # --------------------------------------------------------------------------- data / model / optim
+class Precision(Enum):
+    """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
+
+    fp32: plain float32.  tf32: float32 tensors, matrix products on TensorFloat-32 tensor cores
+    (CUDA only: on the CPU it is fp32).  bf16: the dense part under bfloat16 autocast (CPU and
+    CUDA), with TF32 for the products autocast leaves in float32.
+    """
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+
+
 @dataclass
 class DataConfig:
     path: str = MISSING  # a processed dataset directory (with manifest.json)
@@ -127,6 +141,8 @@ class TrainConfig:
     shard_rows_above: int = 0  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
     host_memory_gb: float = 0.0  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
     dist_timeout_s: float = 300.0  # a collective waiting longer than this fails instead of hanging
+    precision: Precision = Precision.fp32  # fp32 | tf32 | bf16: the dense part's arithmetic
+    compile: bool = False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
 
 
 @dataclass
@@ -156,6 +172,9 @@ class BenchConfig:
     zipf_alpha: float = 1.05  # id popularity ~ (rank + 1) ** -alpha
     bottom_mlp: list[int] = field(default_factory=lambda: [512, 256])
     top_mlp: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256])
+    # train kind: every backend runs once per (precision, compile) pair
+    precisions: list[Precision] = field(default_factory=lambda: [Precision.fp32])
+    compile: list[bool] = field(default_factory=lambda: [False])
     warmup: int = 10
     iters: int = 30
     distinct_batches: int = 40  # fresh ids every step, cycling through this many generated batches
