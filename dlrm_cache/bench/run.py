@@ -15,6 +15,7 @@ run.  Timings are wall-clock around a device synchronize, after ``warmup`` untim
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -120,6 +121,9 @@ def _build(v: Variant, tables: list[TableSpec], optim: SparseOptim, device, coun
 
 def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dict[str, Any]:
     optim = SparseOptim("rowwise_adagrad", cfg.lr)
+    # a compiled model refers to itself (model -> compiled method -> model): only the cycle
+    # collector frees the previous variant's tables, and it does not count device memory
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.zeros(1, device=device)  # the allocator must exist before its stats are reset
