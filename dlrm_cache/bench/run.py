@@ -3,8 +3,9 @@
 * ``kind=embedding``: the embedding layer alone (forward + backward + fused rowwise-Adagrad update),
   ``num_tables`` x ``rows_per_table`` x ``embedding_dim``, power-law ids, fresh batches every step.
 * ``kind=train``: a whole DLRM training step (MLPs, interaction, loss, dense optimizer) with
-  Criteo-Kaggle-shaped tables, once per backend and (``precisions`` x ``compile``) setting, then
-  the same number of steps split into phases (bench/breakdown.py) for the step's breakdown.
+  Criteo-Kaggle-shaped tables, once per backend and (``precisions`` x ``compile``) setting; after
+  the timed steps, ``warmup`` + ``iters`` more steps split into phases (bench/breakdown.py) give
+  the step's breakdown.
 * ``kind=planning``: the freq_cache's own work per batch (loader thread / training thread up to a
   device synchronize) with Criteo-Kaggle-shaped tables: what has to stay below the step time.
 
@@ -29,8 +30,8 @@ import torch.nn.functional as F
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
 from ..config import Precision
+from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
 from ..data.loader import Batch, Prefetcher, make_batch
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
