@@ -35,7 +35,7 @@ def config_dir() -> str:
 
 
 # --------------------------------------------------------------------------- data / model / optim
-class Precision(Enum):
+class Precision(str, Enum):
     """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
 
     fp32: plain float32.  tf32: float32 tensors, matrix products on TensorFloat-32 tensor cores
