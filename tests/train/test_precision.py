@@ -34,12 +34,8 @@ SETTINGS = [("fp32", False), ("tf32", False), ("bf16", False), ("fp32", True), (
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[tuple[str, bool], tuple[dict, dict[str, torch.Tensor]]]:
-    from conftest import write_dataset
-
-    root = tmp_path_factory.mktemp("precision")
-    data = root / "ds"
-    write_dataset(data, {"train": 6000, "val": 2000}, [50, 200, 1000, 30, 500])
+def runs(shared_small_dataset, tmp_path_factory) -> dict[tuple[str, bool], tuple[dict, dict[str, torch.Tensor]]]:
+    root, data = tmp_path_factory.mktemp("precision"), shared_small_dataset
     out = {}
     for precision, compiled in SETTINGS:
         run = root / f"{precision}-{compiled}"
