@@ -84,6 +84,19 @@ def config_dir() -> str:
 
 
 # --------------------------------------------------------------------------- data / model / optim
+class Precision(Choice):
+    """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
+
+    fp32: plain float32.  tf32: float32 tensors, matrix products on TensorFloat-32 tensor cores
+    (CUDA only: on the CPU it is fp32).  bf16: the dense part under bfloat16 autocast (CPU and
+    CUDA), with TF32 for the products autocast leaves in float32.
+    """
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+
+
 @dataclass
 class DataConfig:
     path: str = MISSING  # a processed dataset directory (with manifest.json)
@@ -181,6 +194,8 @@ class TrainConfig:
     # start-up (the slowest rank building its tables) and at each checkpoint (the rank with the most
     # rows writing and fsyncing its table file), so a short default would kill large runs.
     dist_timeout_s: float = checked(300.0, gt=0)
+    precision: Precision = Precision.fp32  # fp32 | tf32 | bf16: the dense part's arithmetic
+    compile: bool = False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
 
 
 @dataclass
@@ -212,6 +227,9 @@ class BenchConfig:
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)
     top_mlp: list[int] = checked(factory=lambda: [1024, 1024, 512, 256], ge=1)
+    # train kind: every backend runs once per (precision, compile) pair
+    precisions: list[Precision] = checked(factory=lambda: [Precision.fp32], nonempty=True)
+    compile: list[bool] = checked(factory=lambda: [False], nonempty=True)
     warmup: int = checked(10, ge=0)
     iters: int = checked(30, ge=1)
     distinct_batches: int = checked(40, ge=1)  # fresh ids every step, cycling through this many generated batches

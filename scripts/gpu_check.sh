@@ -3,8 +3,9 @@
 #   ../shared/gpu-bundle/stage && make gpu-extra   # once, on this side: the offline bundle + pytest
 #   device run, carry [".gpu-bundle", ".gpu-extra"]:
 #       source .gpu-bundle/activate && bash scripts/gpu_check.sh [PART...]
-# PART: tests, embedding, train, planning (default: all four); feed (issue 10, target 2: the loader
-# and `train` against `bench kind=train` in one lease -- about 8 minutes, run it in its own call).  One device command may run 10
+# PART: tests, embedding, train, planning, precision (default: all five); feed (issue 10, target 2:
+# the loader and `train` against `bench kind=train` in one lease -- about 8 minutes, run it in its own
+# call).  One device command may run 10
 # minutes; if the whole set does not fit, run the parts in separate calls.
 # Results (test log, benchmark JSON and tables) go to $OUT, which the device tool brings back.
 set -uo pipefail
@@ -16,7 +17,7 @@ if ! python3 -c "import pytest" 2>/dev/null && [ -f .gpu-extra/pytest.tar.gz ]; 
     mkdir -p /tmp/gpu-extra && tar -xzf .gpu-extra/pytest.tar.gz -C /tmp/gpu-extra
     export PYTHONPATH="/tmp/gpu-extra${PYTHONPATH:+:$PYTHONPATH}"
 fi
-PARTS=" ${*:-tests embedding train planning} "
+PARTS=" ${*:-tests embedding train planning precision} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, fbgemm_gpu, torchrec; print(torch.__version__, fbgemm_gpu.__version__, torchrec.__version__)" >> "$OUT/gpu.txt" 2>&1
@@ -62,4 +63,9 @@ if want feed; then
         cp $K/run-$emb/summary.json "$OUT/train-feed-$emb-summary.json"
     done
 fi
+# 6. issue 11: the step in every precision x compile setting, hbm and freq_cache at 1.5% side by side,
+#    each with its breakdown (embedding fwd, dense fwd/bwd, embedding bwd+update, optimizer, between steps)
+want precision && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
+    backends=[hbm,freq_cache] cache_ratios=[0.015] precisions=[fp32,tf32,bf16] compile=[false,true] warmup=10 iters=30 \
+    output="$OUT/bench-train-precision.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train-precision.txt"
 tail -n 12 "$OUT"/*.txt

@@ -64,6 +64,14 @@ def small_dataset(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_small_dataset(tmp_path_factory) -> Path:
+    """The small dataset, written once for the tests that only read it."""
+    root = tmp_path_factory.mktemp("shared") / "ds"
+    write_dataset(root, {"train": 6000, "val": 2000, "test": 1000}, [50, 200, 1000, 30, 500])
+    return root
+
+
+@pytest.fixture(scope="session")
 def processed_synth(tmp_path_factory) -> Path:
     """A real `synth` -> `preprocess` dataset (with frequency statistics and oracle.json)."""
     from dlrm_cache.data.config import PreprocessConfig, SynthConfig

@@ -8,13 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from dlrm_cache.bench.breakdown import BETWEEN, PHASES, PhaseClock, split_step
 from dlrm_cache.bench.run import bench
-from dlrm_cache.config import BenchConfig, PlanConfig
+from dlrm_cache.config import BenchConfig, PlanConfig, Precision
+from dlrm_cache.data.loader import OneIdPerSample
 from dlrm_cache.data.stats import load_counts
+from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
+from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import plan_table
+from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.plan import plan
+from dlrm_cache.train.step import dense_optimizer
 
 
 def _cfg(**kw):
@@ -67,3 +74,46 @@ def test_bench_loader_reads_every_training_batch(small_dataset: Path, tmp_path: 
 def test_bench_loader_needs_a_dataset():
     with pytest.raises(ValueError, match="data_path: kind=loader needs a processed dataset"):
         bench(_cfg(kind="loader"))
+
+
+def test_bench_train_runs_every_precision_and_compile_setting_with_a_breakdown():
+    res = bench(_cfg(kind="train", cardinality_scale=0.0002, backends=["host"], bottom_mlp=[16],
+                     top_mlp=[16], precisions=["fp32", "bf16"], compile=[False]))
+    assert [r["variant"] for r in res] == ["host", "host bf16"]
+    assert [(r["precision"], r["compile"]) for r in res] == [("fp32", False), ("bf16", False)]
+    for r in res:
+        assert list(r["breakdown_ms"]) == list(PHASES) + [BETWEEN]
+        assert all(r["breakdown_ms"][p] > 0 for p in PHASES)
+    assert res[1]["speed_vs_host"] == pytest.approx(res[0]["ms_per_iter"] / res[1]["ms_per_iter"])
+
+
+@pytest.mark.parametrize("precision", [Precision.fp32, Precision.bf16])
+def test_split_step_makes_the_training_steps_update(precision):
+    """The breakdown times a step cut in phases: it must compute what the trainer's step computes."""
+    tables = [TableSpec(f"C{i + 1}", 40, 8) for i in range(3)]
+    g = torch.Generator().manual_seed(0)
+    layout = OneIdPerSample([t.name for t in tables])
+    batches = [layout.batch(torch.rand(16, 13, generator=g), torch.randint(0, 40, (3, 16), generator=g, dtype=torch.int32),
+                            (torch.rand(16, generator=g) < 0.3).float())
+               for _ in range(3)]
+    finals = []
+    for split in (False, True):
+        emb = HostBackend(tables, SparseOptim("rowwise_adagrad", 0.1))
+        emb.import_tables(initial_state(tables, emb.optim, 0))
+        torch.manual_seed(0)
+        model = DLRM(emb, 13, 8, [16], [16], precision=precision)
+        opt = dense_optimizer("adagrad", model.dense_parameters(), torch.device("cpu"), 0.05)
+        clock = PhaseClock(torch.device("cpu"))
+        for b in batches:
+            if split:
+                split_step(model, opt, b, clock)
+            else:
+                loss = F.binary_cross_entropy_with_logits(model(b.dense, b.sparse), b.labels)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        finals.append({**model.dense_state_dict(), **emb.export_tables()})
+    assert finals[0].keys() == finals[1].keys()
+    for name in finals[0]:
+        assert torch.equal(finals[0][name], finals[1][name]), name
+    assert len(clock.result()) == len(PHASES) + 1

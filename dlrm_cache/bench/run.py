@@ -3,7 +3,9 @@
 * ``kind=embedding``: the embedding layer alone (forward + backward + fused rowwise-Adagrad update),
   ``num_tables`` x ``rows_per_table`` x ``embedding_dim``, power-law ids, fresh batches every step.
 * ``kind=train``: a whole DLRM training step (MLPs, interaction, loss, dense optimizer) with
-  Criteo-Kaggle-shaped tables.
+  Criteo-Kaggle-shaped tables, once per backend and (``precisions`` x ``compile``) setting; after
+  the timed steps, ``warmup`` + ``iters`` more steps split into phases (bench/breakdown.py) give
+  the step's breakdown.
 * ``kind=planning``: the freq_cache's own work per batch (loader thread / training thread up to a
   device synchronize) with Criteo-Kaggle-shaped tables: what has to stay below the step time.
 * ``kind=loader``: the input pipeline alone on a processed dataset (``data_path``): samples/s of
@@ -18,6 +20,7 @@ run.  Timings are wall-clock around a device synchronize, after ``warmup`` untim
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import resource
@@ -34,12 +37,15 @@ import torch.nn.functional as F
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from ..config import Precision
 from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, Manifest, atomic_write_text
 from ..data.loader import Batch, OneIdPerSample, ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
 from ..train.pipeline import Pipeline
+from ..train.step import dense_optimizer, set_matmul_precision
+from .breakdown import PhaseClock, format_breakdown, split_step
 
 TARGETS = {
     "host": "dlrm_cache.embedding.direct.HostBackend",
@@ -54,6 +60,8 @@ class Variant:
     label: str
     backend: str
     kwargs: dict[str, Any]
+    precision: Precision = Precision.fp32  # train kind: the dense part's arithmetic
+    compile: bool = False  # train kind: torch.compile of the dense path
 
 
 def variants(cfg: DictConfig) -> list[Variant]:
@@ -69,7 +77,15 @@ def variants(cfg: DictConfig) -> list[Variant]:
                                    {"cache_ratio": r, "lookahead": cfg.lookahead, "policy": cfg.policy}))
         else:
             out.append(Variant(name, name, {}))
-    return out
+    if cfg.kind != "train":
+        return out
+    # every backend in every setting; labels keep the plain backend name for fp32 eager
+    return [Variant(v.label + setting_label(p, c), v.backend, v.kwargs, p, c)
+            for p in cfg.precisions for c in cfg.compile for v in out]
+
+
+def setting_label(precision: Precision, compile: bool) -> str:
+    return "" if (precision, compile) == (Precision.fp32, False) else f" {precision.value}{' compiled' * compile}"
 
 
 def zipf_probabilities(rows: int, alpha: float) -> np.ndarray:
@@ -124,8 +140,12 @@ def _build(v: Variant, tables: list[TableSpec], optim: SparseOptim, device, coun
 
 def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dict[str, Any]:
     optim = SparseOptim("rowwise_adagrad", cfg.lr)
+    # a compiled model refers to itself (model -> compiled method -> model): only the cycle
+    # collector frees the previous variant's tables, and it does not count device memory
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        torch.zeros(1, device=device)  # the allocator must exist before its stats are reset
         torch.cuda.reset_peak_memory_stats(device)
     emb = _build(v, tables, optim, device, counts)
     keys = [t.name for t in tables]
@@ -133,9 +153,15 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     gen = torch.Generator().manual_seed(cfg.seed)
     dense = torch.rand(b, 13, generator=gen)
     labels = (torch.rand(b, generator=gen) < 0.25).float()
+    clock = PhaseClock(device)
     if cfg.kind == "train":
-        model = DLRM(emb, 13, cfg.embedding_dim, list(cfg.bottom_mlp), list(cfg.top_mlp), device=device)
-        opt = torch.optim.Adagrad(model.parameters(), lr=cfg.lr)
+        model = DLRM(emb, 13, cfg.embedding_dim, list(cfg.bottom_mlp), list(cfg.top_mlp), device=device,
+                     precision=v.precision, compile=v.compile)
+        set_matmul_precision(v.precision, device)
+        opt = dense_optimizer("adagrad", model.dense_parameters(), device, cfg.lr)
+
+        def split(batch: Batch) -> None:
+            split_step(model, opt, batch, clock)
 
         def step(batch: Batch) -> None:
             loss = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
@@ -148,27 +174,37 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         def step(batch: Batch) -> None:
             emb(batch.sparse).values().backward(grad)
 
+        split = step  # never called: the embedding kind has no breakdown
+
     layout = OneIdPerSample(keys)
     hosts = host_batches(layout, dense, batches, labels, pin=device.type == "cuda")
-    total = cfg.warmup + cfg.iters
+    # train kind: after the timed steps, warmup + iters steps split into phases (the breakdown)
+    split_iters = cfg.warmup + cfg.iters if cfg.kind == "train" else 0
+    timed_end = cfg.warmup + cfg.iters
+    total = timed_end + split_iters
     # As in training (the same Pipeline): a loader thread runs the cache's analysis, the device copy
     # and the look-ahead prefetch happen in this thread.  The stream runs ``lookahead`` batches past
-    # the last timed step, so that every timed step also pays for one prefetch (their rows are
-    # loaded, never trained on).
+    # the last step, so that every step also pays for one prefetch (their rows are loaded, never
+    # trained on).
     stream = (_copy(hosts[i % len(hosts)]) for i in range(total + emb.lookahead))
-    t0 = None
+    t0, elapsed, stats = 0.0, 0.0, {}
     with Pipeline(stream, layout, device, emb) as pipeline:
         for i, batch in enumerate(pipeline):
             if i == cfg.warmup:
                 _sync(device)
                 emb.stats()  # reset the counters: report the timed iterations only
                 t0 = time.perf_counter()
-            step(batch)
+            if i == timed_end:  # the split steps that follow are the breakdown, not the timing
+                _sync(device)
+                elapsed, stats = time.perf_counter() - t0, emb.stats()
+            if i == timed_end + cfg.warmup:
+                clock.reset()
+            (step if i < timed_end else split)(batch)
             if i == total - 1:
                 break
         _sync(device)
-        elapsed = time.perf_counter() - t0
-    stats = emb.stats()
+        if not split_iters:
+            elapsed, stats = time.perf_counter() - t0, emb.stats()
     result = {
         "variant": v.label,
         "iters": cfg.iters,
@@ -179,6 +215,8 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan,
         "stats": stats,
     }
+    if split_iters:
+        result.update(precision=v.precision.value, compile=v.compile, breakdown_ms=clock.result())
     del emb
     return result
 
@@ -318,7 +356,8 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
         print(f"\nspeed relative to {base['variant']} (same run):")
         for r in results:
             if "error" not in r:
-                print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x")
+                print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x"
+                      f"{_vs_same_setting(r, results, base['variant'])}")
     _write(cfg, results, title)
     return results
 
@@ -350,6 +389,17 @@ def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
         print(f"dlrm-cache bench: figure {draw_bench(bench_series(results), title, Path(cfg.figure))}")
 
 
+def _vs_same_setting(r: dict[str, Any], results: list[dict[str, Any]], base: str) -> str:
+    """A cache's speed against the baseline backend run in the same precision/compile setting."""
+    if "precision" not in r or r["variant"].split(" ")[0] == base:
+        return ""
+    same = next((o for o in results if "error" not in o and o["variant"].split(" ")[0] == base
+                 and (o["precision"], o["compile"]) == (r["precision"], r["compile"])), None)
+    if same is None or same is base:
+        return ""
+    return f"  ({same['ms_per_iter'] / r['ms_per_iter']:.3f}x {same['variant']})"
+
+
 def _row(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"  {r['variant']:<24} skipped: {r['error']}"
@@ -359,6 +409,9 @@ def _row(r: dict[str, Any]) -> str:
         n = r["iters"]
         waits = (f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
                  f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter")
-    return (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
+    line = (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
             f"  hit {r['hit_rate']:.4f} (distinct ids {r['hit_rate_distinct']:.4f})"
             f"  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}")
+    if "breakdown_ms" in r:
+        line += "\n" + format_breakdown(r["breakdown_ms"])
+    return line

@@ -27,10 +27,9 @@ from ..parallel.sharded import ShardedEmbeddings
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .pipeline import Pipeline
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
+from .step import dense_optimizer, set_matmul_precision
 
 log = logging.getLogger(__name__)
-
-DENSE_OPTIMIZERS = {"sgd", "adagrad", "adam"}
 
 
 def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
@@ -114,15 +113,9 @@ def build_embeddings(
     return sharded
 
 
-def build_dense_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:
+def build_dense_optimizer(cfg: DictConfig, params, device: torch.device) -> torch.optim.Optimizer:
     o = cfg.optim.dense
-    if o.name == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-    if o.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=o.lr, weight_decay=o.weight_decay)
-    if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
-    raise ValueError(f"optim.dense.name={o.name!r}: choose one of {sorted(DENSE_OPTIMIZERS)}")
+    return dense_optimizer(o.name, params, device, o.lr, o.weight_decay, o.momentum)
 
 
 def lr_scale(step: int, warmup_steps: int, decay_start: int = 0, decay_steps: int = 0) -> float:
@@ -259,8 +252,11 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
         bottom_mlp=list(cfg.model.bottom_mlp),
         top_mlp=list(cfg.model.top_mlp),
         device=device,
+        precision=cfg.precision,
+        compile=cfg.compile,
     )
-    opt = build_dense_optimizer(cfg, model.dense_parameters())
+    set_matmul_precision(cfg.precision, device)
+    opt = build_dense_optimizer(cfg, model.dense_parameters(), device)
     # Dense layers are data-parallel: DDP averages their gradients over ranks every step.
     net: torch.nn.Module = model
     if info.distributed:
