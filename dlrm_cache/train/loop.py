@@ -339,6 +339,7 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
     bar = tqdm(total=run.total_steps, initial=step, disable=not (cfg.progress and info.is_main),
                unit="step", dynamic_ncols=True)
     clock, totals, startup_s = Throughput(), StatsTotals(), math.nan
+    interval = StatsTotals()  # the cache's counters since the last train record
     # summed on the device: a .item() per step would make the host wait for every step
     loss_sum, loss_n = torch.zeros((), device=run.device), 0
     model.train()
@@ -363,7 +364,8 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
                 if step % cfg.log_every == 0 or step == run.total_steps:
                     mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
                     rate = clock.lap()
-                    emb_stats = embeddings.stats()
+                    interval.add(embeddings.stats())
+                    emb_stats, interval = interval.result(), StatsTotals()
                     totals.add(emb_stats)
                     run.log.write("train", step=step, epoch=epoch, loss=mean_loss, samples_per_s=rate, **emb_stats)
                     bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
@@ -372,7 +374,10 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
                 bar.update(1)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < run.total_steps:
                     with clock.pause():
+                        # the cache's counters so far are training's; evaluation's lookups are not
+                        interval.add(embeddings.stats())
                         result = run.evaluate(step)
+                        embeddings.stats()
                     if info.is_main:
                         bar.write(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < run.total_steps:
