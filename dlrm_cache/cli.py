@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from .config import config_dir, register_configs
 from .console import quiet_known_noise
@@ -152,7 +154,36 @@ def main(argv: list[str] | None = None) -> None:
         fn = functools.partial(_report, run_dirs=tuple(run_dirs))
     app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(_friendly(command, fn))
     sys.argv = [f"dlrm-cache {command}", *argv]
-    app()
+    if os.environ.get("DLRM_CACHE_TRACEBACK"):
+        app()
+        return
+    # Hydra reports a bad override in several lines (and a search path); it hands the error to us
+    # instead when HYDRA_FULL_ERROR is set, for the one line every other bad input gets.
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        if full_error is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+
+
+def config_error(e: BaseException) -> str:
+    """A Hydra/OmegaConf composition error on one line: what failed, why (the cause's first line),
+    and for a missing group option the ones there are (without Hydra's ``*_schema`` entries)."""
+    first = str(e).split("\n", 1)[0]
+    if isinstance(e, MissingConfigException) and "Available options" in str(e):
+        listed = str(e).split("Available options", 1)[1].split("Config search path", 1)[0]
+        options = [o.strip() for o in listed.splitlines()[1:] if o.strip() and not o.strip().endswith("_schema")]
+        return f"{first}; choose one of: {', '.join(options)}"
+    if e.__cause__ is not None:
+        return f"{first.rstrip('.')}: {str(e.__cause__).split(chr(10), 1)[0]}"
+    return first
 
 
 if __name__ == "__main__":
