@@ -37,7 +37,7 @@ def cache_mib(cache_rows: int, bytes_per_row: int) -> float:
 def plan(cfg: DictConfig) -> list[dict]:
     """Predicted hit rate (share of lookups served by the device cache) for each cache ratio."""
     data = Path(cfg.data_path)
-    manifest = Manifest.load(data)
+    manifest = Manifest.load(data, key="data_path")
     counts = load_counts(data)
     rows = plan_table(counts, list(cfg.ratios))
     bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(cfg.embedding_dim)

@@ -278,7 +278,7 @@ def loader(cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
     """kind=loader: every epoch, the pipeline as training runs it, then the same shards read by parquet."""
     if not cfg.data_path:
         raise ValueError("data_path: kind=loader needs a processed dataset (dlrm-cache preprocess output)")
-    manifest = Manifest.load(cfg.data_path)
+    manifest = Manifest.load(cfg.data_path, key="data_path")
     stream = ShardStream(cfg.data_path, manifest, "train", cfg.batch_size, cfg.shuffle, cfg.seed,
                          pin=device.type == "cuda")
     split = manifest.splits["train"]

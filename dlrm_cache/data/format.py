@@ -72,11 +72,12 @@ class Manifest:
         atomic_write_text(Path(directory) / MANIFEST, json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "Manifest":
+    def load(cls, directory: str | os.PathLike, key: str = "data.path") -> "Manifest":
+        """``key``: the config key that named ``directory`` (the error for a missing manifest says it)."""
         path = Path(directory) / MANIFEST
         if not path.exists():
             raise FileNotFoundError(
-                f"{path}: no manifest; run `dlrm-cache preprocess` first (or point data.path at a "
+                f"{path}: no manifest; run `dlrm-cache preprocess` first (or point {key} at a "
                 "processed dataset directory)"
             )
         try:
