@@ -1,7 +1,9 @@
 """Structured config schemas, registered with Hydra's ConfigStore.
 
-Every yaml file under ``configs/`` names one of these schemas in its defaults list, so a typo'd key
-or an ill-typed value fails when the config is composed, before any work starts.
+Every yaml file under ``configs/`` names one of these schemas in its defaults list, so a typo'd key,
+an ill-typed value or a choice not in its Enum fails when the config is composed.  A numeric field
+declares its range where it is defined (``checked(default, ge=1)``, see :mod:`.ranges`); the
+dispatcher checks them all right after composition, before any work starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,54 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+
+from .ranges import Choice, checked
+
+DEVICE = r"auto|cpu|cuda(:\d+)?"  # the values of a device field
+
+
+class SparseOptimName(Choice):
+    rowwise_adagrad = "rowwise_adagrad"
+    adagrad = "adagrad"
+    sgd = "sgd"
+
+
+class DenseOptimName(Choice):
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+class UvmAlgorithm(Choice):
+    lru = "lru"
+    lfu = "lfu"
+
+
+class CachePolicy(Choice):
+    freq = "freq"
+    lfu = "lfu"
+    lru = "lru"
+
+
+class RowMap(Choice):
+    auto = "auto"
+    sorted = "sorted"
+    dense = "dense"
+
+
+class Backend(Choice):
+    host = "host"
+    hbm = "hbm"
+    uvm_cache = "uvm_cache"
+    freq_cache = "freq_cache"
+
+
+class BenchKind(Choice):
+    embedding = "embedding"
+    train = "train"
+    planning = "planning"
+    loader = "loader"
+
 
 def config_dir() -> str:
     """Absolute path of the shipped configs, whatever the working directory or install mode.
@@ -34,45 +84,58 @@ def config_dir() -> str:
 
 
 # --------------------------------------------------------------------------- data / model / optim
+class Precision(Choice):
+    """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
+
+    fp32: plain float32.  tf32: float32 tensors, matrix products on TensorFloat-32 tensor cores
+    (CUDA only: on the CPU it is fp32).  bf16: the dense part under bfloat16 autocast (CPU and
+    CUDA), with TF32 for the products autocast leaves in float32.
+    """
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+
+
 @dataclass
 class DataConfig:
     path: str = MISSING  # a processed dataset directory (with manifest.json)
-    batch_size: int = 2048  # global batch size: split across ranks under torchrun
-    eval_batch_size: int = 8192
-    prefetch_batches: int = 4  # batches decoded ahead by the background reader thread
-    analysis_threads: int = 2  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
+    batch_size: int = checked(2048, ge=1)  # global batch size: split across ranks under torchrun
+    eval_batch_size: int = checked(8192, ge=1)
+    prefetch_batches: int = checked(4, ge=1)  # batches decoded ahead by the background reader thread
+    analysis_threads: int = checked(2, ge=1)  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
 @dataclass
 class ModelConfig:
-    embedding_dim: int = 16
-    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 64])
-    top_mlp: list[int] = field(default_factory=lambda: [512, 256])  # a final 1-unit layer is added
+    embedding_dim: int = checked(16, ge=1)
+    bottom_mlp: list[int] = checked(factory=lambda: [512, 256, 64], ge=1)
+    top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)  # a final 1-unit layer is added
 
 
 @dataclass
 class SparseOptimConfig:
-    name: str = "rowwise_adagrad"  # rowwise_adagrad | adagrad | sgd (fused into fbgemm's backward)
-    lr: float = 0.05
-    eps: float = 1e-8
+    name: SparseOptimName = SparseOptimName.rowwise_adagrad  # fused into fbgemm's backward
+    lr: float = checked(0.05, ge=0)
+    eps: float = checked(1e-8, gt=0)
 
 
 @dataclass
 class DenseOptimConfig:
-    name: str = "adagrad"  # sgd | adagrad | adam
-    lr: float = 0.01
-    weight_decay: float = 0.0
-    momentum: float = 0.0  # sgd only
+    name: DenseOptimName = DenseOptimName.adagrad
+    lr: float = checked(0.01, ge=0)
+    weight_decay: float = checked(0.0, ge=0)
+    momentum: float = checked(0.0, ge=0)  # sgd only
 
 
 @dataclass
 class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
-    warmup_steps: int = 0  # linear warm-up of both learning rates
-    decay_start: int = 0  # step where the polynomial (power 2) decay to 0 starts (MLPerf DLRM schedule)
-    decay_steps: int = 0  # steps the decay takes (0: no decay)
+    warmup_steps: int = checked(0, ge=0)  # linear warm-up of both learning rates
+    decay_start: int = checked(0, ge=0)  # step where the polynomial (power 2) decay to 0 starts (MLPerf DLRM schedule)
+    decay_steps: int = checked(0, ge=0)  # steps the decay takes (0: no decay)
 
 
 # --------------------------------------------------------------------------- embedding backends
@@ -89,23 +152,23 @@ class HbmEmbeddingConfig:
 @dataclass
 class UvmCacheEmbeddingConfig:
     _target_: str = "dlrm_cache.embedding.direct.UvmCacheBackend"
-    cache_ratio: float = 0.015
-    algorithm: str = "lru"  # lru | lfu (fbgemm's set-associative cache)
+    cache_ratio: float = checked(0.015, gt=0, le=1)
+    algorithm: UvmAlgorithm = UvmAlgorithm.lru  # fbgemm's set-associative cache
     host_mapped: bool = True  # cudaHostAlloc-mapped host memory rather than CUDA managed memory
 
 
 @dataclass
 class FreqCacheEmbeddingConfig:
     _target_: str = "dlrm_cache.embedding.freq_cache.FreqCacheBackend"
-    cache_ratio: float = 0.015  # fraction of all rows held in the device cache, in (0, 1]
-    policy: str = "freq"  # freq | lfu | lru
+    cache_ratio: float = checked(0.015, gt=0, le=1)  # fraction of all rows held in the device cache
+    policy: CachePolicy = CachePolicy.freq
     refresh_counts: bool = False  # freq policy: add observed counts to the dataset counts
-    lookahead: int = 2  # batches whose rows are fetched ahead (0 = synchronous)
-    static_fraction: float = 0.5  # share of the cache pinned to the hottest rows (never evicted)
-    row_map: str = "auto"  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row) | auto
+    lookahead: int = checked(2, ge=0)  # batches whose rows are fetched ahead (0 = synchronous)
+    static_fraction: float = checked(0.5, ge=0, le=1)  # share of the cache pinned to the hottest rows (never evicted)
+    row_map: RowMap = RowMap.auto  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row)
     # samples per step whose ids the look-ahead window must hold (the trainer's global data.batch_size;
     # 0: no sizing, the window gets what cache_ratio leaves)
-    batch_size: int = 0
+    batch_size: int = checked(0, ge=0)
 
 
 # --------------------------------------------------------------------------- commands
@@ -115,61 +178,88 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     embedding: Any = MISSING  # one of the embedding schemas above
-    seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    epochs: int = 1
-    max_steps: int = -1  # stop after this many steps (-1: run all epochs)
-    eval_every: int = 0  # evaluate on the validation split every N steps (0: only at the end)
-    eval_batches: int = -1  # limit evaluation to N batches (-1: the whole split)
+    seed: int = checked(0, ge=0)
+    device: str = checked("auto", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
+    epochs: int = checked(1, ge=1)
+    max_steps: int = checked(-1, ge=1, also=(-1,))  # stop after this many steps (-1: run all epochs)
+    eval_every: int = checked(0, ge=0)  # evaluate on the validation split every N steps (0: only at the end)
+    eval_batches: int = checked(-1, ge=1, also=(-1,))  # limit evaluation to N batches (-1: the whole split)
     test: bool = False  # also evaluate on the test split at the end
-    log_every: int = 50  # metrics.jsonl train record every N steps
-    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
-    resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
+    log_every: int = checked(50, ge=1)  # metrics.jsonl train record every N steps
+    checkpoint_every: int = checked(0, ge=0)  # steps between checkpoints (0: only at the end)
+    resume: Optional[str] = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
-    shard_rows_above: int = 0  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
-    host_memory_gb: float = 0.0  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
-    dist_timeout_s: float = 300.0  # a collective waiting longer than this fails instead of hanging
+    shard_rows_above: int = checked(0, ge=0)  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
+    host_memory_gb: float = checked(0.0, ge=0)  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
+    # A collective waiting longer than this fails instead of hanging (a dead rank ends the job at
+    # once: torchrun; this is for a frozen one).  Healthy ranks wait on each other for minutes at
+    # start-up (the slowest rank building its tables) and at each checkpoint (the rank with the most
+    # rows writing and fsyncing its table file), so a short default would kill large runs.
+    dist_timeout_s: float = checked(300.0, gt=0)
+    precision: Precision = Precision.fp32  # fp32 | tf32 | bf16: the dense part's arithmetic
+    compile: bool = False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
 
 
 @dataclass
 class PlanConfig:
     data_path: str = "data/synth/processed"  # a processed dataset (its stats/ are read)
-    ratios: list[float] = field(default_factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1])
-    embedding_dim: int = 128  # for the memory column
-    per_table: bool = False  # also print each table's hit rate
+    ratios: list[float] = checked(factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1], gt=0, le=1, nonempty=True)
+    embedding_dim: int = checked(128, ge=1)  # for the memory column
+    per_table: bool = False  # also print each table's hit rate (and draw it)
     output: Optional[str] = None  # write the predictions as JSON here
-    static_fraction: float = 0.5  # as embedding.static_fraction
-    lookahead: int = 2  # as embedding.lookahead: batches whose rows are fetched ahead
-    batch_size: int = 16384  # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
+    figure: Optional[str] = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
+    static_fraction: float = checked(0.5, ge=0, le=1)  # as embedding.static_fraction
+    lookahead: int = checked(2, ge=0)  # as embedding.lookahead: batches whose rows are fetched ahead
+    # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
+    batch_size: int = checked(16384, ge=0)
 
 
 @dataclass
 class BenchConfig:
-    """`dlrm-cache bench`: embedding layer alone (``kind=embedding``) or a DLRM step (``kind=train``)."""
+    """`dlrm-cache bench`: embedding layer alone (``kind=embedding``), a DLRM step (``kind=train``),
+    the freq_cache's planning (``kind=planning``) or the input pipeline (``kind=loader``)."""
 
-    kind: str = "embedding"  # embedding | train | planning
-    backends: list[str] = field(default_factory=lambda: ["host", "freq_cache"])
-    cache_ratios: list[float] = field(default_factory=lambda: [0.015])
-    uvm_algorithms: list[str] = field(default_factory=lambda: ["lru", "lfu"])
-    lookahead: int = 2
-    policy: str = "freq"  # freq_cache eviction policy
-    num_tables: int = 26
-    rows_per_table: int = 20_000  # embedding kind: every table has this many rows
-    cardinality_scale: float = 0.01  # train/planning kinds: Criteo-Kaggle cardinalities times this
-    embedding_dim: int = 128
-    batch_size: int = 2048
-    zipf_alpha: float = 1.05  # id popularity ~ (rank + 1) ** -alpha
-    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256])
-    top_mlp: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256])
-    warmup: int = 10
-    iters: int = 30
-    distinct_batches: int = 40  # fresh ids every step, cycling through this many generated batches
-    sync_count_batches: int = 5  # planning kind: batches run after the timed ones, counting host syncs and aten ops
-    lr: float = 0.01
-    seed: int = 0
-    device: str = "auto"
+    kind: BenchKind = BenchKind.embedding
+    backends: list[Backend] = checked(factory=lambda: [Backend.host, Backend.freq_cache], nonempty=True)
+    cache_ratios: list[float] = checked(factory=lambda: [0.015], gt=0, le=1, nonempty=True)
+    uvm_algorithms: list[UvmAlgorithm] = field(default_factory=lambda: [UvmAlgorithm.lru, UvmAlgorithm.lfu])
+    lookahead: int = checked(2, ge=0)
+    policy: CachePolicy = CachePolicy.freq  # freq_cache eviction policy
+    num_tables: int = checked(26, ge=1)
+    rows_per_table: int = checked(20_000, ge=1)  # embedding kind: every table has this many rows
+    cardinality_scale: float = checked(0.01, gt=0)  # train/planning kinds: Criteo-Kaggle cardinalities times this
+    embedding_dim: int = checked(128, ge=1)
+    batch_size: int = checked(2048, ge=1)
+    zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
+    bottom_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)
+    top_mlp: list[int] = checked(factory=lambda: [1024, 1024, 512, 256], ge=1)
+    # train kind: every backend runs once per (precision, compile) pair
+    precisions: list[Precision] = checked(factory=lambda: [Precision.fp32], nonempty=True)
+    compile: list[bool] = checked(factory=lambda: [False], nonempty=True)
+    warmup: int = checked(10, ge=0)
+    iters: int = checked(30, ge=1)
+    distinct_batches: int = checked(40, ge=1)  # fresh ids every step, cycling through this many generated batches
+    # planning kind: batches run after the timed ones, counting host syncs and aten ops
+    sync_count_batches: int = checked(5, ge=0)
+    lr: float = checked(0.01, ge=0)
+    seed: int = checked(0, ge=0)
+    device: str = checked("auto", pattern=DEVICE)
     output: Optional[str] = None  # JSON results (also printed as a table)
+    figure: Optional[str] = MISSING  # the results as a PNG (set in bench.yaml; null: none)
+    data_path: Optional[str] = None  # loader kind: a processed dataset (its train split is read)
+    shuffle: bool = True  # loader kind: shuffled as training reads it
+    epochs: int = checked(3, ge=1)  # loader kind: passes over the train split (the first also warms the page cache)
+    prefetch_batches: int = checked(4, ge=1)  # loader kind: the loader thread's queue, as data.prefetch_batches
+
+
+@dataclass
+class ReportConfig:
+    """`dlrm-cache report`: figures of run directories (train's run dir, or a -m sweep directory)."""
+
+    runs: list[str] = field(default_factory=list)  # run directories, or one sweep directory
+    output: Optional[str] = None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
+    worst_tables: int = checked(3, ge=0)  # per-table hit rates drawn for this many tables with the lowest hit rate
 
 
 def _run_id() -> str:
@@ -207,6 +297,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="plan_schema", node=PlanConfig)
     cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(name="report_schema", node=ReportConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="optim", name="optim_schema", node=OptimConfig)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -14,10 +15,29 @@ from .embedding.freq_cache.plan import plan_table
 from .train.metrics import format_table
 
 
+def plan_series(rows: list[dict], bytes_per_row: int, embedding_dim: int, per_table: bool) -> dict[str, Any]:
+    """What the plan figure draws: hit rates per ratio, the cache's MiB, per-table rates by table."""
+    out: dict[str, Any] = {
+        "ratio": [r["ratio"] for r in rows],
+        "hit_rate": [r["hit_rate"] for r in rows],
+        "hit_rate_per_table_caches": [r["hit_rate_per_table_caches"] for r in rows],
+        "cache_mib": [cache_mib(r["cache_rows"], bytes_per_row) for r in rows],
+        "embedding_dim": embedding_dim,
+    }
+    if per_table:
+        out["per_table"] = {name: [r["per_table"][name] for r in rows] for name in rows[0]["per_table"]}
+    return out
+
+
+def cache_mib(cache_rows: int, bytes_per_row: int) -> float:
+    """Device memory of the cache's rows and their optimizer state."""
+    return cache_rows * bytes_per_row / 2**20
+
+
 def plan(cfg: DictConfig) -> list[dict]:
     """Predicted hit rate (share of lookups served by the device cache) for each cache ratio."""
     data = Path(cfg.data_path)
-    manifest = Manifest.load(data)
+    manifest = Manifest.load(data, key="data_path")
     counts = load_counts(data)
     rows = plan_table(counts, list(cfg.ratios), cfg.static_fraction, cfg.lookahead, cfg.batch_size)
     bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(cfg.embedding_dim)
@@ -25,7 +45,7 @@ def plan(cfg: DictConfig) -> list[dict]:
     print(f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
           f"{total_rows * bytes_per_row / 2**20:,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
           f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}")
-    mib = lambda n: n * bytes_per_row / 2**20  # noqa: E731
+    mib = lambda n: cache_mib(n, bytes_per_row)  # noqa: E731
     print(f"{'ratio':>8} {'cache rows':>12} {'cache MiB':>10} {'static rows':>12} {'static MiB':>10} "
           f"{'window rows':>12} {'window MiB':>10} {'added rows':>11} {'hit rate':>9} {'per-table caches':>17}")
     for r in rows:
@@ -37,4 +57,10 @@ def plan(cfg: DictConfig) -> list[dict]:
             print(format_table(sorted(r["per_table"].items()), title=f"per-table hit rate at ratio {r['ratio']}"))
     if cfg.output:
         atomic_write_text(cfg.output, json.dumps(rows, indent=1))
+    if cfg.figure:
+        from .figures import draw_plan
+
+        series = plan_series(rows, bytes_per_row, cfg.embedding_dim, cfg.per_table)
+        title = f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows)"
+        print(f"dlrm-cache plan: figure {draw_plan(series, title, Path(cfg.figure))}")
     return rows

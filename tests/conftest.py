@@ -50,9 +50,23 @@ def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shar
     return manifest
 
 
+@pytest.fixture(scope="session")
+def dataset_writer():
+    """``write_dataset``, for tests that need datasets of their own shape or damage them."""
+    return write_dataset
+
+
 @pytest.fixture
 def small_dataset(tmp_path: Path) -> Path:
     root = tmp_path / "ds"
+    write_dataset(root, {"train": 6000, "val": 2000, "test": 1000}, [50, 200, 1000, 30, 500])
+    return root
+
+
+@pytest.fixture(scope="session")
+def shared_small_dataset(tmp_path_factory) -> Path:
+    """The small dataset, written once for the tests that only read it."""
+    root = tmp_path_factory.mktemp("shared") / "ds"
     write_dataset(root, {"train": 6000, "val": 2000, "test": 1000}, [50, 200, 1000, 30, 500])
     return root
 

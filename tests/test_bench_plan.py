@@ -8,18 +8,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from dlrm_cache.bench.breakdown import BETWEEN, PHASES, PhaseClock, split_step
 from dlrm_cache.bench.run import bench
-from dlrm_cache.config import BenchConfig, PlanConfig
+from dlrm_cache.config import BenchConfig, PlanConfig, Precision
+from dlrm_cache.data.loader import OneIdPerSample
 from dlrm_cache.data.stats import load_counts
+from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
+from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import plan_table
+from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.plan import plan
+from dlrm_cache.train.step import dense_optimizer
 
 
 def _cfg(**kw):
-    return OmegaConf.structured(BenchConfig(warmup=2, iters=3, distinct_batches=4, batch_size=64,
-                                            embedding_dim=8, device="cpu", **kw))
+    kw = {"batch_size": 64, **kw}
+    return OmegaConf.structured(BenchConfig(warmup=2, iters=3, distinct_batches=4, embedding_dim=8, device="cpu",
+                                            figure=None, **kw))
 
 
 def test_bench_embedding_compares_backends_in_one_run(tmp_path: Path):
@@ -47,7 +55,7 @@ def test_bench_train_and_planning_kinds():
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     out = tmp_path / "plan.json"
     rows = plan(OmegaConf.structured(PlanConfig(data_path=str(processed_synth), ratios=[0.01, 0.05, 0.2],
-                                                output=str(out))))
+                                                output=str(out), figure=None)))
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
     hits = [r["hit_rate"] for r in rows]
     assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1
@@ -55,9 +63,11 @@ def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     np.testing.assert_allclose(hits, [r["hit_rate"] for r in expected])
 
 
-def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(capsys):
+def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(capsys, monkeypatch):
     """hbm cannot run without a GPU: skipped with the reason, the other rows still run (exit 0).
-    A row that crashes (an invalid policy here) is not hidden: the CLI exits 1 with the reason."""
+    A row that crashes is not hidden: the CLI exits 1 with the reason.  Bad config values fail at
+    composition now, so the crash is made by pointing freq_cache at a class that does not exist."""
+    from dlrm_cache.bench import run
     from dlrm_cache.cli import main
 
     common = ["kind=embedding", "num_tables=2", "rows_per_table=300", "batch_size=32", "embedding_dim=8",
@@ -71,10 +81,67 @@ def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(ca
             main(["bench", *common, "backends=[hbm]"])
         assert e.value.code == 1
         assert "no placement could run on this machine" in capsys.readouterr().err
+    monkeypatch.setitem(run.TARGETS, "freq_cache", "dlrm_cache.embedding.freq_cache.NoSuchBackend")
     with pytest.raises(SystemExit) as e:
-        main(["bench", *common, "backends=[host,freq_cache]", "policy=fifo"])
+        main(["bench", *common, "backends=[host,freq_cache]"])
     assert e.value.code == 1
     captured = capsys.readouterr()
-    assert "freq_cache 1.5%          FAILED: ValueError: embedding.policy='fifo'" in captured.out
-    assert "dlrm-cache bench: failed: freq_cache 1.5%: ValueError: embedding.policy='fifo'" in captured.err
+    assert "host  " in captured.out and "freq_cache 1.5%          FAILED: ImportError: Error loading" in captured.out
+    assert "dlrm-cache bench: failed: freq_cache 1.5%: ImportError: Error loading" in captured.err
     assert "Traceback" in captured.err
+
+
+def test_bench_loader_reads_every_training_batch(small_dataset: Path, tmp_path: Path):
+    out = tmp_path / "l.json"
+    res = bench(_cfg(kind="loader", data_path=str(small_dataset), batch_size=256, epochs=2, output=str(out)))
+    assert [r["epoch"] for r in res] == [0, 1]
+    assert all(r["samples"] == (6000 // 256) * 256 for r in res)  # whole batches of the train split
+    assert json.loads(out.read_text())[1]["samples"] == res[1]["samples"]
+
+
+def test_bench_loader_needs_a_dataset():
+    with pytest.raises(ValueError, match="data_path: kind=loader needs a processed dataset"):
+        bench(_cfg(kind="loader"))
+
+
+def test_bench_train_runs_every_precision_and_compile_setting_with_a_breakdown():
+    res = bench(_cfg(kind="train", cardinality_scale=0.0002, backends=["host"], bottom_mlp=[16],
+                     top_mlp=[16], precisions=["fp32", "bf16"], compile=[False]))
+    assert [r["variant"] for r in res] == ["host", "host bf16"]
+    assert [(r["precision"], r["compile"]) for r in res] == [("fp32", False), ("bf16", False)]
+    for r in res:
+        assert list(r["breakdown_ms"]) == list(PHASES) + [BETWEEN]
+        assert all(r["breakdown_ms"][p] > 0 for p in PHASES)
+    assert res[1]["speed_vs_host"] == pytest.approx(res[0]["ms_per_iter"] / res[1]["ms_per_iter"])
+
+
+@pytest.mark.parametrize("precision", [Precision.fp32, Precision.bf16])
+def test_split_step_makes_the_training_steps_update(precision):
+    """The breakdown times a step cut in phases: it must compute what the trainer's step computes."""
+    tables = [TableSpec(f"C{i + 1}", 40, 8) for i in range(3)]
+    g = torch.Generator().manual_seed(0)
+    layout = OneIdPerSample([t.name for t in tables])
+    batches = [layout.batch(torch.rand(16, 13, generator=g), torch.randint(0, 40, (3, 16), generator=g, dtype=torch.int32),
+                            (torch.rand(16, generator=g) < 0.3).float())
+               for _ in range(3)]
+    finals = []
+    for split in (False, True):
+        emb = HostBackend(tables, SparseOptim("rowwise_adagrad", 0.1))
+        emb.import_tables(initial_state(tables, emb.optim, 0))
+        torch.manual_seed(0)
+        model = DLRM(emb, 13, 8, [16], [16], precision=precision)
+        opt = dense_optimizer("adagrad", model.dense_parameters(), torch.device("cpu"), 0.05)
+        clock = PhaseClock(torch.device("cpu"))
+        for b in batches:
+            if split:
+                split_step(model, opt, b, clock)
+            else:
+                loss = F.binary_cross_entropy_with_logits(model(b.dense, b.sparse), b.labels)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        finals.append({**model.dense_state_dict(), **emb.export_tables()})
+    assert finals[0].keys() == finals[1].keys()
+    for name in finals[0]:
+        assert torch.equal(finals[0][name], finals[1][name]), name
+    assert len(clock.result()) == len(PHASES) + 1

@@ -93,6 +93,12 @@ def test_wheel_ships_configs(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["train", "data.path=/nonexistent/ds"], "/nonexistent/ds/manifest.json: no manifest"),
     (["preprocess", "input=/nonexistent/raw", "output=/tmp/never"], "input /nonexistent/raw does not exist"),
+    (["plan", "data_path=/nonexistent/ds"], "/nonexistent/ds/manifest.json: no manifest; run `dlrm-cache preprocess` first (or point data_path at"),
+    # Hydra's own composition errors, one line too
+    (["train", "embedding=nope"], "Could not find 'embedding/nope'; choose one of: freq_cache, hbm, host, uvm_cache"),
+    (["train", "data.batch_size=abc"], "override data.batch_size=abc: Value 'abc' of type 'str' could not be"),
+    (["bench", "nosuchkey=1"], "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'"),
+    (["train", "-m", "embedding=freq_cache", "embedding.policy=lru,often"], "Invalid value 'often', expected one of"),
     pytest.param(["train", "device=cuda:0"], "device=cuda:0: CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])

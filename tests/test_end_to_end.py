@@ -66,6 +66,8 @@ def test_freq_cache_trains_the_same_model_as_host(dataset: Path, tmp_path: Path,
     assert sum(r["rows_loaded"] for r in train_records) > 0
     assert sum(r["rows_written_back"] for r in train_records) > 0
     assert 0 < train_records[-1]["hit_rate"] < 1
+    # every training lookup counted once, evaluation's (at step 20) in none of the train records
+    assert sum(r["accesses"] for r in train_records) == cached["embedding_accesses"] == 40 * 256 * 26
 
 
 @pytest.mark.gpu

@@ -3,9 +3,15 @@
 * ``kind=embedding``: the embedding layer alone (forward + backward + fused rowwise-Adagrad update),
   ``num_tables`` x ``rows_per_table`` x ``embedding_dim``, power-law ids, fresh batches every step.
 * ``kind=train``: a whole DLRM training step (MLPs, interaction, loss, dense optimizer) with
-  Criteo-Kaggle-shaped tables.
+  Criteo-Kaggle-shaped tables, once per backend and (``precisions`` x ``compile``) setting; after
+  the timed steps, ``warmup`` + ``iters`` more steps split into phases (bench/breakdown.py) give
+  the step's breakdown.
 * ``kind=planning``: the freq_cache's own work per batch (loader thread / training thread up to a
   device synchronize) with Criteo-Kaggle-shaped tables: what has to stay below the step time.
+* ``kind=loader``: the input pipeline alone on a processed dataset (``data_path``): samples/s of
+  batches ready for the step, through training's own path (shard stream, shuffle, rank share, KJT,
+  pinned memory and device copy on a GPU), beside the rate of reading the same shards with parquet
+  alone (the ceiling).
 
 Every backend runs in the same process on the same batches; results are reported as ms/iter and as
 a ratio against the first baseline present (``hbm``, else ``host``), so figures compare within one
@@ -19,27 +25,34 @@ fail (:class:`BenchFailed`, exit status 1) after the other rows ran, as does a r
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
+import resource
 import sys
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, atomic_write_text
-from ..data.loader import Batch, Prefetcher, make_batch
+from ..config import Precision
+from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, Manifest, atomic_write_text
+from ..data.loader import Batch, OneIdPerSample, ShardStream
 from ..embedding.base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
-from ..train.loop import analyze_in_loader, lookahead_window
+from ..train.pipeline import Pipeline
+from ..train.step import dense_optimizer, set_matmul_precision
+from .breakdown import PhaseClock, format_breakdown, split_step
 from .syncs import HostSyncCounter
 
 TARGETS = {
@@ -59,13 +72,13 @@ class Variant:
     label: str
     backend: str
     kwargs: dict[str, Any]
+    precision: Precision = Precision.fp32  # train kind: the dense part's arithmetic
+    compile: bool = False  # train kind: torch.compile of the dense path
 
 
 def variants(cfg: DictConfig) -> list[Variant]:
     out = []
     for name in cfg.backends:
-        if name not in TARGETS:
-            raise ValueError(f"backends: unknown backend {name!r} (choose from {sorted(TARGETS)})")
         if name == "uvm_cache":
             for algo in cfg.uvm_algorithms:
                 for r in cfg.cache_ratios:
@@ -77,7 +90,15 @@ def variants(cfg: DictConfig) -> list[Variant]:
                                     "batch_size": cfg.batch_size}))
         else:
             out.append(Variant(name, name, {}))
-    return out
+    if cfg.kind != "train":
+        return out
+    # every backend in every setting; labels keep the plain backend name for fp32 eager
+    return [Variant(v.label + setting_label(p, c), v.backend, v.kwargs, p, c)
+            for p in cfg.precisions for c in cfg.compile for v in out]
+
+
+def setting_label(precision: Precision, compile: bool) -> str:
+    return "" if (precision, compile) == (Precision.fp32, False) else f" {precision.value}{' compiled' * compile}"
 
 
 def zipf_probabilities(rows: int, alpha: float) -> np.ndarray:
@@ -98,7 +119,7 @@ def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: 
 
 
 def _copy(b: Batch) -> Batch:
-    """A fresh Batch object per step (the cache matches prefetched batches by identity)."""
+    """A fresh Batch object per step (the loader attaches each step's analysis to its batch)."""
     return Batch(b.dense, b.sparse, b.labels)
 
 
@@ -108,6 +129,19 @@ def init_device(device: torch.device) -> None:
     allocation there (seen on the H100, 2026-11-23)."""
     if device.type == "cuda":
         torch.zeros(1, device=device)
+
+
+def host_batches(layout: OneIdPerSample, dense: torch.Tensor, ids: list[np.ndarray], labels: torch.Tensor,
+                 pin: bool) -> list[Batch]:
+    """Batches as the loader makes them (feature-major int32 ids, pinned for a GPU) from [B, T] ids."""
+    if pin:
+        dense, labels = dense.pin_memory(), labels.pin_memory()
+    out = []
+    for a in ids:
+        values = torch.empty(a.shape[::-1], dtype=torch.int32, pin_memory=pin)
+        values.numpy()[:] = a.T
+        out.append(layout.batch(dense, values, labels))
+    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -127,8 +161,12 @@ def _build(v: Variant, tables: list[TableSpec], optim: SparseOptim, device, coun
 
 def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dict[str, Any]:
     optim = SparseOptim("rowwise_adagrad", cfg.lr)
+    # a compiled model refers to itself (model -> compiled method -> model): only the cycle
+    # collector frees the previous variant's tables, and it does not count device memory
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        torch.zeros(1, device=device)  # the allocator must exist before its stats are reset
         torch.cuda.reset_peak_memory_stats(device)
     emb = _build(v, tables, optim, device, counts)
     keys = [t.name for t in tables]
@@ -136,9 +174,15 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     gen = torch.Generator().manual_seed(cfg.seed)
     dense = torch.rand(b, 13, generator=gen)
     labels = (torch.rand(b, generator=gen) < 0.25).float()
+    clock = PhaseClock(device)
     if cfg.kind == "train":
-        model = DLRM(emb, 13, cfg.embedding_dim, list(cfg.bottom_mlp), list(cfg.top_mlp), device=device)
-        opt = torch.optim.Adagrad(model.parameters(), lr=cfg.lr)
+        model = DLRM(emb, 13, cfg.embedding_dim, list(cfg.bottom_mlp), list(cfg.top_mlp), device=device,
+                     precision=v.precision, compile=v.compile)
+        set_matmul_precision(v.precision, device)
+        opt = dense_optimizer("adagrad", model.dense_parameters(), device, cfg.lr)
+
+        def split(batch: Batch) -> None:
+            split_step(model, opt, batch, clock)
 
         def step(batch: Batch) -> None:
             loss = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
@@ -151,33 +195,37 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         def step(batch: Batch) -> None:
             emb(batch.sparse).values().backward(grad)
 
-    pin = device.type == "cuda"
-    host_batches = [make_batch(dense.numpy(), ids, labels.numpy(), keys) for ids in batches]
-    if pin:
-        host_batches = [hb.pin_memory() for hb in host_batches]
-    total = cfg.warmup + cfg.iters
-    depth = int(getattr(emb, "lookahead", 0))
-    # As in training: batches come from a loader thread that also runs the cache's analysis.  The
-    # stream runs ``depth`` batches past the last timed step, so that every timed step also pays
-    # for one prefetch (their rows are loaded, never trained on).
-    stream = Prefetcher((_copy(host_batches[i % len(host_batches)]) for i in range(total + depth)), depth=4,
-                        transform=analyze_in_loader(emb, depth))
-    t0 = None
-    try:
-        for i, batch in enumerate(lookahead_window(stream, emb, depth, device)):
+        split = step  # never called: the embedding kind has no breakdown
+
+    layout = OneIdPerSample(keys)
+    hosts = host_batches(layout, dense, batches, labels, pin=device.type == "cuda")
+    # train kind: after the timed steps, warmup + iters steps split into phases (the breakdown)
+    split_iters = cfg.warmup + cfg.iters if cfg.kind == "train" else 0
+    timed_end = cfg.warmup + cfg.iters
+    total = timed_end + split_iters
+    # As in training (the same Pipeline): a loader thread runs the cache's analysis, the device copy
+    # and the look-ahead prefetch happen in this thread.  The stream runs ``lookahead`` batches past
+    # the last step, so that every step also pays for one prefetch (their rows are loaded, never
+    # trained on).
+    stream = (_copy(hosts[i % len(hosts)]) for i in range(total + emb.lookahead))
+    t0, elapsed, stats = 0.0, 0.0, {}
+    with Pipeline(stream, layout, device, emb) as pipeline:
+        for i, batch in enumerate(pipeline):
             if i == cfg.warmup:
                 _sync(device)
                 emb.stats()  # reset the counters: report the timed iterations only
                 t0 = time.perf_counter()
-            step(batch)
+            if i == timed_end:  # the split steps that follow are the breakdown, not the timing
+                _sync(device)
+                elapsed, stats = time.perf_counter() - t0, emb.stats()
+            if i == timed_end + cfg.warmup:
+                clock.reset()
+            (step if i < timed_end else split)(batch)
             if i == total - 1:
                 break
         _sync(device)
-        elapsed = time.perf_counter() - t0
-    finally:
-        stream.close()
-        emb.cancel_prefetch()
-    stats = emb.stats()
+        if not split_iters:
+            elapsed, stats = time.perf_counter() - t0, emb.stats()
     result = {
         "variant": v.label,
         "iters": cfg.iters,
@@ -188,6 +236,8 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan,
         "stats": stats,
     }
+    if split_iters:
+        result.update(precision=v.precision.value, compile=v.compile, breakdown_ms=clock.result())
     del emb
     return result
 
@@ -207,10 +257,8 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
 
     keys = [t.name for t in tables]
     b = cfg.batch_size
-    dense, labels = np.zeros((b, 13), np.float32), np.zeros(b, np.float32)
-    host = [make_batch(dense, ids, labels, keys) for ids in batches]
-    if device.type == "cuda":  # as the trainer's loader: pinned, so host-to-device copies are asynchronous
-        host = [hb.pin_memory() for hb in host]
+    dense, labels = torch.zeros(b, 13), torch.zeros(b)
+    host = host_batches(OneIdPerSample(keys), dense, batches, labels, pin=device.type == "cuda")  # pinned as the loader makes them
     results = []
     for ratio in cfg.cache_ratios:
         emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
@@ -269,11 +317,55 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     return results
 
 
+def loader(cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
+    """kind=loader: every epoch, the pipeline as training runs it, then the same shards read by parquet."""
+    if not cfg.data_path:
+        raise ValueError("data_path: kind=loader needs a processed dataset (dlrm-cache preprocess output)")
+    manifest = Manifest.load(cfg.data_path, key="data_path")
+    stream = ShardStream(cfg.data_path, manifest, "train", cfg.batch_size, cfg.shuffle, cfg.seed,
+                         pin=device.type == "cuda")
+    split = manifest.splits["train"]
+    print(f"dlrm-cache bench kind=loader device={device} data={cfg.data_path} rows={split.rows:,} "
+          f"shards={len(split.shards)} batch={cfg.batch_size} shuffle={cfg.shuffle} threads={torch.get_num_threads()}")
+    results = []
+    for epoch in range(cfg.epochs):
+        _sync(device)
+        t0, cpu0 = time.perf_counter(), _cpu_seconds()
+        samples = 0
+        with Pipeline(stream.batches(epoch), stream.layout, device, depth=cfg.prefetch_batches) as batches:
+            for batch in batches:
+                samples += batch.size
+        _sync(device)  # the last device copy has landed
+        t1, cpu1 = time.perf_counter(), _cpu_seconds()
+        rows = sum(pq.ParquetFile(Path(cfg.data_path) / s).read().num_rows for s in split.shards)
+        t2 = time.perf_counter()
+        r = {"epoch": epoch, "samples_per_s": samples / (t1 - t0), "parquet_rows_per_s": rows / (t2 - t1),
+             "cpu_ns_per_sample": 1e9 * (cpu1 - cpu0) / samples, "samples": samples, "seconds": t1 - t0}
+        print(f"  epoch {epoch}: {r['samples_per_s']:>12,.0f} samples/s ready for the step "
+              f"({r['cpu_ns_per_sample']:.0f} ns of CPU time per sample, all threads)   "
+              f"parquet read only {r['parquet_rows_per_s']:>12,.0f} rows/s", flush=True)
+        results.append(r)
+    warm = results[1:] or results
+    total = sum(r["samples"] for r in warm) / sum(r["seconds"] for r in warm)
+    print(f"  epochs {warm[0]['epoch']}-{warm[-1]['epoch']}: {total:,.0f} samples/s "
+          f"(parquet read only: median {float(np.median([r['parquet_rows_per_s'] for r in warm])):,.0f} rows/s)")
+    return results
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process, all threads (on a shared machine, what the work costs)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def bench(cfg: DictConfig) -> list[dict[str, Any]]:
-    if cfg.kind not in ("embedding", "train", "planning"):
-        raise ValueError(f"kind={cfg.kind!r}: choose embedding, train or planning")
     device = resolve_device(cfg.device)
     init_device(device)
+    if cfg.kind == "loader":  # no figure: one rate per epoch, printed
+        results = loader(cfg, device)
+        if cfg.output:
+            atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+        return results
     if cfg.kind == "embedding":
         sizes = [cfg.rows_per_table] * cfg.num_tables
     else:
@@ -286,10 +378,11 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
               for t in tables}
     print(f"dlrm-cache bench kind={cfg.kind} device={device} tables={len(tables)} rows={sum(sizes):,} "
           f"dim={cfg.embedding_dim} batch={cfg.batch_size} zipf_alpha={cfg.zipf_alpha} iters={cfg.iters}")
+    title = (f"dlrm-cache bench kind={cfg.kind} on {device}: {len(tables)} tables, {sum(sizes):,} rows, "
+             f"dim {cfg.embedding_dim}, batch {cfg.batch_size:,}")
     if cfg.kind == "planning":
         results = planning(cfg, tables, batches, device, counts)
-        if cfg.output:
-            atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+        _write(cfg, results, title)
         return results
     results = []
     for v in variants(cfg):
@@ -311,11 +404,49 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
         print(f"\nspeed relative to {base['variant']} (same run):")
         for r in results:
             if "error" not in r:
-                print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x")
-    if cfg.output:
-        atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+                print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x"
+                      f"{_vs_same_setting(r, results, base['variant'])}")
+    _write(cfg, results, title)
     check_rows(results)
     return results
+
+
+def bench_series(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the bench figure draws: per variant that ran, ms/iter and speed against the baseline
+    (kind=planning: analyze and prefetch ms per batch); the skipped ones with their reason."""
+    ran = [r for r in results if "error" not in r]
+    out: dict[str, Any] = {"variant": [r["variant"] for r in ran],
+                           "skipped": [(r["variant"], r["error"]) for r in results if "error" in r]}
+    if ran and "analyze_ms" in ran[0]:
+        out.update(metric="planning", analyze_ms=[r["analyze_ms"] for r in ran],
+                   prefetch_ms=[r["prefetch_ms"] for r in ran])
+        return out
+    speed_key = next((k for k in (ran[0] if ran else {}) if k.startswith("speed_vs_")), None)
+    out.update(metric="ms_per_iter", ms_per_iter=[r["ms_per_iter"] for r in ran],
+               samples_per_s=[r["samples_per_s"] for r in ran],
+               baseline=speed_key[len("speed_vs_"):] if speed_key else None,
+               relative=[r[speed_key] if speed_key else None for r in ran])
+    return out
+
+
+def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
+    if cfg.output:
+        atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+    if cfg.figure and any("error" not in r for r in results):
+        from ..figures import draw_bench
+
+        print(f"dlrm-cache bench: figure {draw_bench(bench_series(results), title, Path(cfg.figure))}")
+
+
+def _vs_same_setting(r: dict[str, Any], results: list[dict[str, Any]], base: str) -> str:
+    """A cache's speed against the baseline backend run in the same precision/compile setting."""
+    if "precision" not in r or r["variant"].split(" ")[0] == base:
+        return ""
+    same = next((o for o in results if "error" not in o and o["variant"].split(" ")[0] == base
+                 and (o["precision"], o["compile"]) == (r["precision"], r["compile"])), None)
+    if same is None or same is base:
+        return ""
+    return f"  ({same['ms_per_iter'] / r['ms_per_iter']:.3f}x {same['variant']})"
 
 
 def check_rows(results: list[dict[str, Any]]) -> None:
@@ -336,6 +467,9 @@ def _row(r: dict[str, Any]) -> str:
         n = r["iters"]
         waits = (f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
                  f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter")
-    return (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
+    line = (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
             f"  hit {r['hit_rate']:.4f} (distinct ids {r['hit_rate_distinct']:.4f})"
             f"  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}")
+    if "breakdown_ms" in r:
+        line += "\n" + format_breakdown(r["breakdown_ms"])
+    return line

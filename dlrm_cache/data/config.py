@@ -1,7 +1,8 @@
 """Config schemas of the data commands (`dlrm-cache synth`, `dlrm-cache preprocess`).
 
 ``configs/synth.yaml`` and ``configs/preprocess.yaml`` name these schemas in their defaults lists, so a
-misspelt key or an ill-typed value fails when Hydra composes the config.  The command functions
+misspelt key, an ill-typed value or an unknown choice fails when Hydra composes the config; ranges
+are declared on the fields (:func:`dlrm_cache.ranges.checked`) and checked right after.  The command functions
 (:func:`dlrm_cache.data.synth.synth`, :func:`dlrm_cache.data.preprocess.preprocess`) take either the
 dataclass itself or an OmegaConf object built from it; they never need Hydra to be initialized.
 """
@@ -13,6 +14,18 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from ..ranges import Choice, checked
+
+
+class Split(Choice):
+    fraction = "fraction"  # Kaggle: by line position
+    day = "day"  # 1TB: by file
+
+
+class BadLines(Choice):
+    skip = "skip"  # count per reason, report a few
+    fail = "fail"  # stop at the first
+
 
 @dataclass
 class SynthConfig:
@@ -23,23 +36,23 @@ class SynthConfig:
     """
 
     output: str = "data/synth/raw"  # directory of the day_N files (relative to the working dir)
-    lines: int = 500_000  # total lines over all files (bad lines included)
-    files: int = 1  # number of day_N files; lines are split evenly, earlier files get the remainder
-    seed: int = 0  # same seed and settings -> byte-identical files
+    lines: int = checked(500_000, ge=1)  # total lines over all files (bad lines included)
+    files: int = checked(1, ge=1)  # number of day_N files; lines are split evenly, earlier files get the remainder
+    seed: int = checked(0, ge=0)  # same seed and settings -> byte-identical files
     # A preset name ("kaggle": Criteo Kaggle's 26 tables) or an explicit list of 26 ints.
     cardinalities: Any = "kaggle"
-    cardinality_scale: float = 0.01  # preset only: table size = min(c, max(min_cardinality, ceil(c * scale)))
-    min_cardinality: int = 16  # preset only: floor for scaled tables (never above the preset's size)
-    zipf_alpha: float = 1.1  # popularity of the r-th most popular id is proportional to (r + 1) ** -alpha
-    missing_rate: float = 0.03  # probability that a categorical field is empty
-    dense_missing_rate: float = 0.1  # probability that an integer field is empty
-    bad_line_rate: float = 0.0  # fraction of lines replaced by deliberately malformed ones
+    cardinality_scale: float = checked(0.01, gt=0)  # preset only: table size = min(c, max(min_cardinality, ceil(c * scale)))
+    min_cardinality: int = checked(16, ge=1)  # preset only: floor for scaled tables (never above the preset's size)
+    zipf_alpha: float = checked(1.1, ge=0)  # popularity of the r-th most popular id is proportional to (r + 1) ** -alpha
+    missing_rate: float = checked(0.03, ge=0, le=1)  # probability that a categorical field is empty
+    dense_missing_rate: float = checked(0.1, ge=0, le=1)  # probability that an integer field is empty
+    bad_line_rate: float = checked(0.0, ge=0, lt=1)  # fraction of lines replaced by deliberately malformed ones
     # Planted model: logit = bias + dense part + per-id effects + pairwise (FM) id interactions.
-    positive_rate: float = 0.25  # the bias is calibrated so the mean click probability is about this
-    dense_scale: float = 0.6  # std of the dense part of the logit
-    id_effect_scale: float = 1.5  # std of the summed per-id effects (over the 26 features)
-    interaction_scale: float = 0.5  # std of the pairwise interaction part
-    logit_noise: float = 0.0  # std of per-line logit noise the features cannot explain
+    positive_rate: float = checked(0.25, gt=0, lt=1)  # the bias is calibrated so the mean click probability is about this
+    dense_scale: float = checked(0.6, ge=0)  # std of the dense part of the logit
+    id_effect_scale: float = checked(1.5, ge=0)  # std of the summed per-id effects (over the 26 features)
+    interaction_scale: float = checked(0.5, ge=0)  # std of the pairwise interaction part
+    logit_noise: float = checked(0.0, ge=0)  # std of per-line logit noise the features cannot explain
     gzip: bool = False  # write day_N.gz instead of plain text
     force: bool = False  # regenerate even if `output` already holds these exact files
     progress: bool = True  # tqdm progress bar
@@ -53,25 +66,25 @@ class PreprocessConfig:
     # or else a single train.txt[.gz].
     input: str = "data/synth/raw"
     output: str = "data/synth/processed"  # the dataset directory (manifest.json marks it complete)
-    split: str = "fraction"  # fraction (Kaggle: by line position) | day (1TB: by file)
+    split: Split = Split.fraction
     # split=fraction: the first floor(total * train_fraction) lines are train, the rest is halved
     # (val gets the smaller half) into val and test.
-    train_fraction: float = 6 / 7
-    total_lines: int = 0  # split=fraction: total lines if known (skips the counting pass); 0 = count
+    train_fraction: float = checked(6 / 7, gt=0, le=1)
+    total_lines: int = checked(0, ge=0)  # split=fraction: total lines if known (skips the counting pass); 0 = count
     # split=day: file names (relative to `input`) or paths.  All empty: every file but the last is
     # train and the last is halved into val then test.  A file listed in both val_files and
     # test_files is halved likewise.
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
     test_files: list[str] = field(default_factory=list)
-    min_count: int = 1  # training ids seen fewer times share the rare row (the last row)
-    hash_modulus: int = 0  # >0: id := id mod m before counting (the empty value stays MISSING_ID)
-    bad_lines: str = "skip"  # skip (count per reason, report a few) | fail (stop at the first)
-    bad_line_reports: int = 10  # skip: how many bad lines to print as file:line: reason
-    rows_per_shard: int = 250_000
-    chunk_bytes: int = 32 << 20  # raw bytes parsed at a time (memory ~ 10x this)
+    min_count: int = checked(1, ge=1)  # training ids seen fewer times share the rare row (the last row)
+    hash_modulus: int = checked(0, ge=0)  # >0: id := id mod m before counting (the empty value stays MISSING_ID)
+    bad_lines: BadLines = BadLines.skip
+    bad_line_reports: int = checked(10, ge=0)  # skip: how many bad lines to print as file:line: reason
+    rows_per_shard: int = checked(250_000, ge=1)
+    chunk_bytes: int = checked(32 << 20, ge=1)  # raw bytes parsed at a time (memory ~ 10x this)
     # Parsed training blocks kept in memory from pass 1 for pass 2 (not parsed twice); 0 = off.
-    cache_mb: int = 1024
+    cache_mb: int = checked(1024, ge=0)
     overwrite: bool = False  # rebuild even if `output` already holds a dataset
     progress: bool = True  # tqdm progress bars
 
@@ -88,7 +101,7 @@ def config_dict(cfg: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
     if dataclasses.is_dataclass(cfg):
         return dataclasses.asdict(cfg)
     return dict(cfg)

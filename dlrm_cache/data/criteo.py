@@ -3,28 +3,39 @@
 A line is ``label \\t I1..I13 \\t C1..C26`` (40 fields).  Inputs may be plain or gzip (detected by
 the magic bytes, not the name) and may use CRLF line ends.  Lines are numbered from 1 in messages.
 
-Policy, per line (the first failing check names the line's reason):
+Policy, per line: acceptance is a property of the line alone (never of the lines read with it, so
+``chunk_bytes`` cannot change the output).  The first failing check names the line's reason:
 
+* too long (``"line too long"``): more than :data:`MAX_LINE_BYTES` bytes (no valid line has even 500),
+  e.g. a binary file given as input.  Only the first ``MAX_LINE_BYTES + 1`` bytes of such a line
+  are ever held in memory;
 * wrong field count (``"wrong field count"``): not exactly 40 tab-separated fields, e.g. the 39-field
   lines of Kaggle's ``test.txt``, cut lines, or an empty line;
-* label (``"label not 0/1"``): empty or anything but ``0``/``1``;
+* label (``"label not 0/1"``): empty or anything but ``0``/``1`` (e.g. a header line);
 * integer fields (``"non-integer in an integer field"``): anything but an optional ``-`` and decimal
-  digits that fit in int64.  An empty integer is 0; a negative one is clipped to 0 (as DLRM does);
-  the dense value is ``log(1 + x)`` as float32, so it is always finite;
+  digits whose value fits in int64 (leading zeros allowed; no spaces, ``+``, ``0x``).  An empty
+  integer is 0; a negative one is clipped to 0 (as DLRM does); the dense value is ``log(1 + x)`` as
+  float32, so it is always finite;
 * categorical fields (``"categorical not 1-8 hex digits"``): must be empty or 1-8 hex digits (either
   case).  The id is that hex number as int64; an empty field is :data:`format.MISSING_ID`.
+* Any byte may appear (non-UTF-8, NUL, ...): such a line just fails one of the checks above.
 * A carriage return is only a line end when followed by LF (or at the end of the file); anywhere
-  else it makes its field invalid.
+  else it makes its field invalid.  A UTF-8 byte order mark at the start of a file is ignored.
+
+A gzip file that is cut short or corrupt stops the run with :class:`InputError` naming the file.
 
 Parsing is pyarrow's multi-threaded CSV reader plus numpy: hex digits go through a byte lookup
-table, never a Python loop per value.  Malformed lines are rare, so the fast path assumes none and
-only a block that has some is re-read as raw bytes to find and classify them.
+table, never a Python loop per value.  Malformed lines are rare, so the fast path lets pyarrow
+convert the integers, which is exact only for a block of the bytes a valid line can hold (pyarrow
+also takes " 5" and "0x5"); any other block, or one pyarrow refuses, has its integers checked on
+the raw bytes.  A block with lines of the wrong shape is laid out line by line: those lines are
+blanked (their reason kept) and the block is parsed again, one row per line.
 """
 
 from __future__ import annotations
 
 import gzip
-import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -39,14 +50,20 @@ from .format import DENSE_NAMES, LABEL, MISSING_ID, NUM_DENSE, NUM_SPARSE, SPARS
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 COLUMNS = [LABEL, *DENSE_NAMES, *SPARSE_NAMES]
 
+BAD_LONG = "line too long"
 BAD_FIELDS = "wrong field count"
 BAD_LABEL = "label not 0/1"
 BAD_INT = "non-integer in an integer field"
 BAD_HEX = "categorical not 1-8 hex digits"
 
+# Bump when what a line parses to, or whether it is accepted, changes: datasets built under
+# another version are not reused.  2: acceptance no longer depends on the other lines of a block.
+LINE_POLICY_VERSION = 2
+MAX_LINE_BYTES = 64 << 10  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
 _GZIP_MAGIC = b"\x1f\x8b"
-_INT_RE = r"^-?[0-9]{1,18}$"  # 18 digits always fit in int64 (pyarrow's own parser accepts 19)
-
+_BOM = b"\xef\xbb\xbf"
+_LINE_BYTES = b"0123456789abcdefABCDEF-\t\n"  # every byte of a valid line (after CRLF -> LF)
+_CORRUPT_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
 def _pair_lut() -> np.ndarray:
@@ -61,10 +78,17 @@ def _pair_lut() -> np.ndarray:
 
 
 _HEX_PAIR_LUT = _pair_lut()  # 128 KiB: one lookup decodes two hex digits
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_NOT_DIGIT = np.ones(256, dtype=np.uint8)
+_NOT_DIGIT[ord("0") : ord("9") + 1] = 0
 
 
 class BadLineError(ValueError):
     """A malformed line under ``bad_lines: fail``; the message is ``path:lineno: reason``."""
+
+
+class InputError(ValueError):
+    """An input file that cannot be read as text lines (e.g. a truncated gzip); names the file."""
 
 
 @dataclass
@@ -113,23 +137,45 @@ def iter_blocks(
     """Yield blocks of whole lines (``chunk_bytes`` plus the rest of the last line) until EOF or
     ``stop_line``, from text offset ``start`` (a block's ``end``, whose first line is ``start_line``).
 
-    The last block may extend past ``stop_line``; callers filter by line index.
+    The last block may extend past ``stop_line``; callers filter by line index.  A line longer than
+    :data:`MAX_LINE_BYTES` that ends a block is cut after ``MAX_LINE_BYTES + 1`` bytes (its line end
+    kept), so a block never holds much more than ``chunk_bytes`` whatever the input.
     """
     reader, raw = open_raw(path)
-    with raw, reader:
-        if start:
-            reader.seek(start)  # gzip: decompresses up to there, still much cheaper than parsing
-        line, pos = start_line, start
-        while stop_line is None or line < stop_line:
-            data = reader.read(chunk_bytes)
-            if not data:
+    try:
+        with raw, reader:
+            if start:
+                reader.seek(start)  # gzip: decompresses up to there, still much cheaper than parsing
+            line, pos = start_line, start
+            while stop_line is None or line < stop_line:
+                data = reader.read(chunk_bytes)
+                if not data:
+                    break
+                consumed = len(data)
+                if not data.endswith(b"\n"):
+                    rest, n = _rest_of_line(reader)  # complete the last line (one copy, not a carry)
+                    data += rest
+                    consumed += n
+                n = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without newline counts
+                pos += consumed
+                yield Block(data, line, n, pos, raw.tell())
+                line += n
+    except _CORRUPT_GZIP as e:
+        raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
+
+
+def _rest_of_line(reader: BinaryIO) -> tuple[bytes, int]:
+    """(the rest of the current line, bytes consumed); past ``MAX_LINE_BYTES + 1`` bytes the line's
+    text is skipped, not kept (enough is kept to know it is too long)."""
+    rest = reader.readline(MAX_LINE_BYTES + 2)  # + 1 for the line end
+    consumed = len(rest)
+    if len(rest) == MAX_LINE_BYTES + 2 and not rest.endswith(b"\n"):
+        while skipped := reader.readline(1 << 20):
+            consumed += len(skipped)
+            if skipped.endswith(b"\n"):
+                rest += b"\n"
                 break
-            if not data.endswith(b"\n"):
-                data += reader.readline()  # complete the last line (one copy, not a carry)
-            n = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without newline counts
-            pos += len(data)
-            yield Block(data, line, n, pos, raw.tell())
-            line += n
+    return rest, consumed
 
 
 def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
@@ -137,12 +183,15 @@ def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
     reader, raw = open_raw(path)
     buf = bytearray(chunk_bytes)  # reused: no fresh pages per read
     view = memoryview(buf)
-    with raw, reader:
-        n, last = 0, b"\n"
-        while size := reader.readinto(view):  # type: ignore[attr-defined]
-            n += buf.count(b"\n", 0, size)
-            last = bytes(view[size - 1 : size])
-        return n + (last != b"\n")
+    try:
+        with raw, reader:
+            n, last = 0, b"\n"
+            while size := reader.readinto(view):  # type: ignore[attr-defined]
+                n += buf.count(b"\n", 0, size)
+                last = bytes(view[size - 1 : size])
+            return n + (last != b"\n")
+    except _CORRUPT_GZIP as e:
+        raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
 
 
 # --------------------------------------------------------------------------------------- parsing
@@ -156,41 +205,79 @@ def _normalize_line_ends(data: bytes) -> bytes:
     return data.replace(b"\r", b"\0")
 
 
-def _read_table(data: bytes, typed: bool) -> tuple[pa.Table, int]:
-    """pyarrow CSV parse; returns the table and how many rows had the wrong field count."""
-    skipped = 0
+def _read_table(data: bytes, typed: bool) -> pa.Table:
+    """pyarrow CSV parse, one row per line (an empty line is an all-null row); raises
+    ``pa.ArrowInvalid`` if a line does not have 40 fields or is too long for pyarrow's blocks, or
+    (``typed``: integers converted by pyarrow) an integer field does not convert.
 
-    def on_invalid(_row: object) -> str:
-        nonlocal skipped
-        skipped += 1
-        return "skip"
-
-    # Binary (not string) columns: no UTF-8 check, any byte is caught by our own validation.
-    types = {n: pa.int64() if typed else pa.binary() for n in DENSE_NAMES}
-    types.update({n: pa.binary() for n in (LABEL, *SPARSE_NAMES)})
-    table = pacsv.read_csv(
+    Binary (not string) columns: no UTF-8 check, every byte goes through our own validation.  No
+    ``invalid_row_handler``: pyarrow decodes the row as UTF-8 before calling it, and fails inside
+    the callback on any other byte.
+    """
+    types = {n: pa.binary() for n in COLUMNS}
+    if typed:
+        types.update({n: pa.int64() for n in DENSE_NAMES})
+    return pacsv.read_csv(
         pa.BufferReader(data),
         read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=4 << 20),
-        parse_options=pacsv.ParseOptions(
-            delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=on_invalid
-        ),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(
-            column_types=types, null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False
+            column_types=types,
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
         ),
     )
-    return table, skipped
 
 
-def _line_layout(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Per line: number of tab-separated fields, and whether the line is empty."""
+def _plain(data: bytes) -> bool:
+    """Only bytes a valid line can hold.  On those, pyarrow's int64 parser accepts exactly the
+    policy's integers (its extras, " 5" and "0x5", need other bytes; a test checks the claim)."""
+    return not data.translate(None, _LINE_BYTES)
+
+
+def _may_have_long_line(data: bytes) -> bool:
+    """False when no line is longer than MAX_LINE_BYTES: then every aligned window of half that
+    size holds a line end (one memchr per window, not a pass over every byte)."""
+    half = MAX_LINE_BYTES // 2
+    return any(data.find(b"\n", k, k + half) < 0 for k in range(0, len(data) - half + 1, half))
+
+
+@dataclass
+class _Shape:
+    """Lines a block held that cannot be a 40-field row (too long, wrong field count, empty)."""
+
+    lines: np.ndarray  # 0-based line indices in the block
+    reasons: list[str]
+    details: list[str]
+
+
+def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
+    """The block with every line that cannot be a 40-field row emptied (its line end kept), so it
+    parses as one row per line; and those lines with their reasons."""
+    if not data.endswith(b"\n"):
+        data += b"\n"  # a last line without one, once emptied, must still be a line
     arr = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(arr == 10)
-    if len(ends) == 0 or ends[-1] != len(arr) - 1:
-        ends = np.append(ends, len(arr))  # last line without newline
     starts = np.concatenate(([0], ends[:-1] + 1))
     tabs = np.flatnonzero(arr == 9)
     fields = np.searchsorted(tabs, ends) - np.searchsorted(tabs, starts) + 1
-    return fields, ends == starts
+    length = ends - starts
+    too_long = length > MAX_LINE_BYTES
+    blank = too_long | (fields != NUM_FIELDS)  # an empty line has one field
+    lines = np.flatnonzero(blank)
+    reasons = [BAD_LONG if too_long[k] else BAD_FIELDS for k in lines]
+    details = [
+        f"more than {MAX_LINE_BYTES} bytes" if too_long[k]
+        else "empty line" if length[k] == 0
+        else f"{fields[k]} fields, expected {NUM_FIELDS}"
+        for k in lines
+    ]
+    delta = np.zeros(len(arr) + 1, dtype=np.int64)  # +1 where a blanked line starts, -1 at its end
+    delta[starts[lines]] += 1
+    delta[ends[lines]] -= 1
+    keep = np.cumsum(delta[:-1]) == 0
+    return arr[keep].tobytes(), _Shape(lines, reasons, details)
 
 
 def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -222,17 +309,45 @@ def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return ids, bad
 
 
+def _int_ok(col: pa.Array) -> np.ndarray:
+    """Per value of a binary column: empty/null, or an optional ``-`` and digits that fit in int64.
+    On the raw bytes with numpy (pyarrow's regex kernel costs ~10x more)."""
+    n = len(col)
+    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * col.offset)
+    data_buf = col.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    lens = np.diff(offsets)
+    first = offsets[0]
+    not_digit = np.concatenate(([0], np.cumsum(_NOT_DIGIT[data[first : offsets[-1]]], dtype=np.int64)))
+    non_digits = not_digit[offsets[1:] - first] - not_digit[offsets[:-1] - first]  # per value
+    minus = np.zeros(n, dtype=bool)
+    present = lens > 0
+    minus[present] = data[offsets[:-1][present]] == ord("-")
+    digits = lens - minus
+    ok = ~present | ((non_digits == minus) & (digits >= 1))
+    for k in np.flatnonzero(ok & (digits > 18)):  # rare: 19+ digits may not fit
+        ok[k] = _INT64_MIN <= int(col[k].as_py()) <= _INT64_MAX
+    if col.null_count:
+        ok |= col.is_null().to_numpy(zero_copy_only=False)
+    return ok
+
+
 def _dense_columns(table: pa.Table, typed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(13, n) float32 log1p(max(x, 0)) with empty -> 0, and the bad-row mask."""
+    """(13, n) float32 log1p(max(x, 0)) with empty -> 0, and the bad-row mask.
+
+    ``typed``: pyarrow converted the integers (see :func:`_plain`), so they all follow the policy;
+    else the raw bytes are checked first.
+    """
     n = table.num_rows
     dense = np.empty((NUM_DENSE, n), dtype=np.float32)
     bad = np.zeros(n, dtype=bool)
     for i, name in enumerate(DENSE_NAMES):
         col = table.column(name).combine_chunks()
-        if not typed:  # validate the raw bytes, null the bad ones, then convert
-            ok = pc.fill_null(pc.match_substring_regex(col, _INT_RE), True).to_numpy(zero_copy_only=False)
-            bad |= ~ok
-            col = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.binary()))
+        if not typed:
+            ok = _int_ok(col)
+            if not ok.all():
+                bad |= ~ok
+                col = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.binary()))
             col = pc.cast(pc.cast(col, pa.string()), pa.int64())
         x = pc.fill_null(col, 0).to_numpy(zero_copy_only=False)
         dense[i] = np.log1p(np.maximum(x, 0).astype(np.float64))  # float64: exact up to 2**53
@@ -254,37 +369,32 @@ def _field_text(table: pa.Table, name: str, row: int) -> str:
 
 def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) -> Parsed:
     """Parse one block of whole lines; ``first_line`` is the file line index of its first line."""
+    if data.startswith(_BOM):
+        # A file's byte order mark is dropped.  Elsewhere it is data, but pyarrow would drop it at
+        # the start of any block: its first byte is made NUL, which fails the same checks.
+        data = data[len(_BOM) :] if first_line == 0 else b"\0" + data[1:]
     data = _normalize_line_ends(data)
     if num_lines is None:
         num_lines = data.count(b"\n") + (not data.endswith(b"\n"))
-    typed = True
-    try:
-        table, skipped = _read_table(data, typed=True)
-    except pa.ArrowInvalid:  # a conversion error somewhere: validate the raw bytes instead
-        typed = False
-        table, skipped = _read_table(data, typed=False)
-    n = table.num_rows
-
-    # Map table rows to lines.  pyarrow drops lines with the wrong field count but keeps empty
-    # lines as all-null rows, so the mapping is the identity unless something was dropped.
-    empty_row = np.zeros(n, dtype=bool)
-    bad_lines: list[np.ndarray] = []
-    reasons: list[str] = []
-    details: list[str] = []
+    table, typed = None, False
+    if not _may_have_long_line(data):
+        for typed in (True, False) if _plain(data) else (False,):
+            try:
+                table = _read_table(data, typed)
+                break
+            except pa.ArrowInvalid:  # an integer pyarrow cannot convert, or a line of the wrong shape
+                continue
+    shape = _Shape(np.empty(0, np.int64), [], [])
     # An empty line is an all-null row: only a null label makes the layout worth computing.
-    if skipped or n != num_lines or not typed or table.column(LABEL).null_count:
-        fields, empty = _line_layout(data)
-        kept = (fields == NUM_FIELDS) | empty
-        row_line = np.flatnonzero(kept)
-        if len(row_line) != n:
-            raise RuntimeError(f"internal: {n} rows parsed from {len(row_line)} lines")
-        empty_row = empty[row_line]
-        wrong = np.flatnonzero(~kept | empty)
-        bad_lines.append(wrong)
-        reasons += [BAD_FIELDS] * len(wrong)
-        details += ["empty line" if empty[k] else f"{fields[k]} fields, expected {NUM_FIELDS}" for k in wrong]
-    else:
-        row_line = np.arange(n)
+    if table is None or table.column(LABEL).null_count:
+        data, shape = _blank_bad_shapes(data)
+        typed = False
+        table = _read_table(data, typed)
+    n = table.num_rows
+    if n != num_lines:
+        raise RuntimeError(f"internal: {n} rows parsed from {num_lines} lines")
+    shaped = np.zeros(n, dtype=bool)
+    shaped[shape.lines] = True
 
     label, bad_label = _label_column(table)
     dense, bad_int = _dense_columns(table, typed)
@@ -295,26 +405,29 @@ def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) 
         bad_hex |= b
 
     # One reason per line, in the documented order of checks.
-    bad_label &= ~empty_row
-    bad_int &= ~(empty_row | bad_label)
-    bad_hex &= ~(empty_row | bad_label | bad_int)
+    bad_label &= ~shaped
+    bad_int &= ~(shaped | bad_label)
+    bad_hex &= ~(shaped | bad_label | bad_int)
+    bad_lines = [shape.lines]
+    reasons, details = list(shape.reasons), list(shape.details)
     for mask, reason in ((bad_label, BAD_LABEL), (bad_int, BAD_INT), (bad_hex, BAD_HEX)):
         rows = np.flatnonzero(mask)
-        bad_lines.append(row_line[rows])
+        bad_lines.append(rows)
         reasons += [reason] * len(rows)
         details += [_bad_field(table, reason, int(r)) for r in rows]
 
-    good = ~(empty_row | bad_label | bad_int | bad_hex)
+    good = ~(shaped | bad_label | bad_int | bad_hex)
+    row_line = np.arange(n, dtype=np.int64)
     if not good.all():
         row_line, label, dense, ids = row_line[good], label[good], dense[:, good], ids[:, good]
-    all_bad = np.concatenate(bad_lines) if bad_lines else np.empty(0, np.int64)
+    all_bad = np.concatenate(bad_lines).astype(np.int64)
     order = np.argsort(all_bad, kind="stable")
     return Parsed(
-        lines=row_line.astype(np.int64) + first_line,
+        lines=row_line + first_line,
         label=label,
         dense=dense,
         ids=ids,
-        bad_lines=all_bad[order].astype(np.int64) + first_line,
+        bad_lines=all_bad[order] + first_line,
         bad_reasons=[reasons[k] for k in order],
         bad_details=[details[k] for k in order],
     )
@@ -325,10 +438,9 @@ def _bad_field(table: pa.Table, reason: str, row: int) -> str:
     if reason == BAD_LABEL:
         return f"{LABEL}={_field_text(table, LABEL, row)}"
     names = DENSE_NAMES if reason == BAD_INT else SPARSE_NAMES
-    pattern = _INT_RE if reason == BAD_INT else r"^[0-9a-fA-F]{1,8}$"
     for name in names:
-        v = table.column(name)[row].as_py()
-        if v is not None and not re.fullmatch(pattern.strip("^$"), v.decode("utf-8", "replace")):
+        value = table.column(name).slice(row, 1).combine_chunks()
+        if not (_int_ok(value)[0] if reason == BAD_INT else not parse_hex(value)[1][0]):
             return f"{name}={_field_text(table, name, row)}"
     return ""
 

@@ -18,8 +18,10 @@ ranks: "is this row hot?" is ``row < k``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,21 +72,78 @@ class Manifest:
         atomic_write_text(Path(directory) / MANIFEST, json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "Manifest":
+    def load(cls, directory: str | os.PathLike, key: str = "data.path") -> "Manifest":
+        """``key``: the config key that named ``directory`` (the error for a missing manifest says it)."""
         path = Path(directory) / MANIFEST
         if not path.exists():
             raise FileNotFoundError(
-                f"{path}: no manifest; run `dlrm-cache preprocess` first (or point data.path at a "
+                f"{path}: no manifest; run `dlrm-cache preprocess` first (or point {key} at a "
                 "processed dataset directory)"
             )
-        raw = json.loads(path.read_text())
-        if raw.get("schema_version") != SCHEMA_VERSION:
+        try:
+            raw = json.loads(path.read_text())
+            version = raw.get("schema_version")
+        except (ValueError, AttributeError) as e:  # not JSON (UnicodeDecodeError is a ValueError), or not an object
+            raise ValueError(f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again") from None
+        if version != SCHEMA_VERSION:
             raise ValueError(
-                f"{path}: schema_version {raw.get('schema_version')} but this dlrm-cache reads "
+                f"{path}: schema_version {version} but this dlrm-cache reads "
                 f"{SCHEMA_VERSION}; preprocess the data again"
             )
-        raw["splits"] = {k: SplitInfo(**v) for k, v in raw["splits"].items()}
-        return cls(**raw)
+        try:
+            raw["splits"] = {k: SplitInfo(**v) for k, v in raw["splits"].items()}
+            return cls(**raw)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again") from None
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two datasets the same training data (where it was built from and where it
+        lies do not): a run resumes only on the dataset its checkpoint was trained on."""
+        return {
+            "table_sizes": self.table_sizes,
+            "splits": {k: {"rows": v.rows, "shard_rows": v.shard_rows} for k, v in self.splits.items()},
+            "stats_digest": self.stats_digest,
+            "min_count": self.min_count,
+            "hash_modulus": self.hash_modulus,
+            "dense_names": self.dense_names,
+            "sparse_names": self.sparse_names,
+        }
+
+    def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> None:
+        """Fail now, naming the file, if a shard a run will read is missing, cut short or another file.
+
+        Reads each shard's parquet footer only (a few KiB; a truncated file has none): its row
+        count and columns must be the manifest's.  Damage inside a shard that keeps its footer is
+        found when the shard is read.
+        """
+        import pyarrow.parquet as pq
+
+        columns = {LABEL, *self.dense_names, *self.sparse_names}
+        for split in (s for s in splits if s in self.splits):
+            info = self.splits[split]
+            for rel, rows in zip(info.shards, info.shard_rows):
+                path = Path(directory) / rel
+                try:
+                    meta = pq.read_metadata(path)
+                except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
+                    raise ValueError(f"{path}: unreadable shard ({one_line(e)}); preprocess the data again") from None
+                missing = columns - set(meta.schema.names)
+                if meta.num_rows != rows or missing:
+                    found = f"{meta.num_rows} rows" if not missing else f"no column {sorted(missing)[0]}"
+                    raise ValueError(
+                        f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
+                        f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
+                    )
+
+
+class WriteError(OSError):
+    """An output that could not be written (disk full, quota, file size limit): the message names
+    it and says what was kept."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (for errors that name a file)."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 @contextmanager
@@ -113,3 +172,64 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def replace_dir(new: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Move the complete directory ``new`` to ``final``, replacing what was there.
+
+    A kill at any point leaves a complete directory at ``final``, or (between the two renames) the
+    old one at :func:`aside_path` that :func:`recover_dir` puts back: the old directory is moved
+    aside, the new one renamed in, and only then the old one deleted.
+    """
+    new, final = Path(new), Path(final)
+    _fsync_dir(new)  # its entries are on the disk before it is renamed in
+    recover_dir(final)
+    aside = aside_path(final)
+    if final.exists():
+        final.rename(aside)
+    new.rename(final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def aside_path(final: str | os.PathLike) -> Path:
+    """Where :func:`replace_dir` keeps the old directory while the new one is renamed in."""
+    final = Path(final)
+    return final.parent / f".{final.name}.old"
+
+
+def recover_dir(final: str | os.PathLike) -> None:
+    """Finish what a killed :func:`replace_dir` left: the old directory back if the new one never
+    arrived, else the rest of the old one removed."""
+    final, aside = Path(final), aside_path(final)
+    if not aside.exists():
+        return
+    if final.exists():
+        shutil.rmtree(aside)
+    else:
+        aside.rename(final)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(1 << 20):
+            h.update(b)
+    return h.hexdigest()
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file to the disk (a rename must not be able to outlive its contents)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

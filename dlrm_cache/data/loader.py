@@ -5,6 +5,13 @@ order, each shard's rows (per-epoch shuffled) concatenated.  Global batch ``k`` 
 ``[k*B, (k+1)*B)``, and under torchrun rank ``r`` of ``W`` takes the ``r``-th ``B/W`` rows of it, so
 the global batch does not depend on the number of ranks, and resuming at step ``s`` only needs the
 stream position ``s*B`` (whole shards before it are skipped unread).
+
+Everything stays columnar, as parquet stores it and as a KeyedJaggedTensor wants it (feature-major:
+a feature's ids over a batch are a slice of one column).  A shard is shuffled with one gather per
+column over the whole shard (a column of 250k ids stays in cache, per-batch gathers would miss it),
+and a batch is then one copy per tensor of contiguous column slices, written straight into pinned
+memory when the batches go to a GPU.  Every sample has exactly one id per feature, so the KJT's
+lengths and offsets depend only on the batch size: :class:`OneIdPerSample` builds them once.
 """
 
 from __future__ import annotations
@@ -12,8 +19,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,47 +29,86 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .format import DENSE_NAMES, LABEL, SPARSE_NAMES, Manifest
+from .format import LABEL, Manifest
+
+
+# shards read and shuffled ahead of the one being sliced, each on its own thread
+READ_AHEAD = 2
 
 
 @dataclass
 class Batch:
     dense: torch.Tensor  # [b, 13] float32
-    sparse: KeyedJaggedTensor  # 26 features, one id per sample
+    sparse: KeyedJaggedTensor  # 26 features, one id per sample (int32 ids unless a table needs int64)
     labels: torch.Tensor  # [b] float32
-    analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in the loader thread
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
-        return Batch(
-            self.dense.to(device, non_blocking=non_blocking),
-            self.sparse.to(device, non_blocking=non_blocking),
-            self.labels.to(device, non_blocking=non_blocking),
-            self.analysis,
-        )
-
-    def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory(), self.analysis)
+    analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
 
     @property
     def size(self) -> int:
         return self.labels.numel()
 
 
-def make_batch(dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, keys: list[str]) -> Batch:
-    """Build a Batch from row-major arrays ([b,13] dense, [b,26] ranks, [b] labels)."""
-    b, f = sparse.shape
-    # KJT values are feature-major: all ids of feature 0, then feature 1, ... (what fbgemm expects)
-    values = torch.from_numpy(np.ascontiguousarray(sparse.T).reshape(-1).astype(np.int64, copy=False))
-    kjt = KeyedJaggedTensor(
-        keys=keys,
-        values=values,
-        lengths=torch.ones(b * f, dtype=torch.int32),
-        offsets=torch.arange(b * f + 1, dtype=torch.int32),
-        stride=b,
-        length_per_key=[b] * f,  # known: saves a reduction over the lengths per consumer
-        offset_per_key=[b * i for i in range(f + 1)],
-    )
-    return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
+class OneIdPerSample:
+    """KeyedJaggedTensors of batches with exactly one id per sample and feature.
+
+    Lengths (all 1) and offsets (0..n) depend only on the batch size and the device, so they are
+    built once per pair and shared by every batch (also across threads: they are never written).
+    """
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = list(keys)
+        self._layouts: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def kjt(self, ids: torch.Tensor) -> KeyedJaggedTensor:
+        """``ids`` [features, b] (feature-major, contiguous) as a KJT on their own device."""
+        f, b = ids.shape
+        if f != len(self.keys):
+            raise ValueError(f"{f} id rows for {len(self.keys)} features")
+        key = (b, ids.device, ids.dtype)
+        layout = self._layouts.get(key)
+        if layout is None:
+            # fbgemm wants offsets of the ids' dtype; lengths stay int32 as torchrec makes them
+            lengths = torch.ones(f * b, dtype=torch.int32, device=ids.device)
+            offsets = torch.arange(f * b + 1, dtype=ids.dtype, device=ids.device)
+            layout = self._layouts.setdefault(key, (lengths, offsets))
+        return KeyedJaggedTensor(
+            keys=self.keys,
+            values=ids.reshape(-1),
+            lengths=layout[0],
+            offsets=layout[1],
+            stride=b,
+            length_per_key=[b] * f,  # known: saves a reduction over the lengths per consumer
+            offset_per_key=[b * i for i in range(f + 1)],
+        )
+
+    def batch(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> Batch:
+        return Batch(dense, self.kjt(ids), labels)
+
+    def to(self, batch: Batch, device: torch.device) -> Batch:
+        """``batch`` on ``device`` (asynchronous from pinned memory); only the ids travel, the
+        lengths and offsets of that batch size already live there."""
+        ids = batch.sparse.values().view(len(self.keys), batch.sparse.stride())
+        return Batch(
+            batch.dense.to(device, non_blocking=True),
+            self.kjt(ids.to(device, non_blocking=True)),
+            batch.labels.to(device, non_blocking=True),
+            batch.analysis,
+        )
+
+
+@dataclass
+class _Columns:
+    """Rows of one shard in stream order, columnar: what batches are sliced from."""
+
+    labels: np.ndarray  # [n] float32
+    dense: np.ndarray  # [num_dense, n] float32
+    ids: np.ndarray  # [num_sparse, n] int32 (int64 if a table has more rows than int32 holds)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def rows(self, lo: int, hi: int) -> "_Columns":
+        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi])
 
 
 class ShardStream:
@@ -80,6 +126,7 @@ class ShardStream:
         world_size: int = 1,
         drop_last: bool = True,
         key: str = "data.batch_size",
+        pin: bool = False,
     ) -> None:
         if split not in manifest.splits:
             raise ValueError(f"{root}: the dataset has no '{split}' split (has {sorted(manifest.splits)})")
@@ -99,8 +146,11 @@ class ShardStream:
         self.rank = rank
         self.world_size = world_size
         self.drop_last = drop_last
+        self.pin = pin  # batches in pinned memory (a GPU copies them asynchronously)
         self.keys = list(manifest.sparse_names)
         self.dense_names = list(manifest.dense_names)
+        self.layout = OneIdPerSample(self.keys)
+        self.id_dtype = torch.int32 if max(self.table_sizes) <= np.iinfo(np.int32).max else torch.int64
 
     def __len__(self) -> int:
         """Global batches per epoch."""
@@ -113,82 +163,134 @@ class ShardStream:
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch, 0xD1]).permutation(n)
 
-    def _read_shard(self, idx: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _load(self, idx: int, epoch: int, skip: int) -> _Columns:
+        """Shard ``idx`` in stream order (permuted when shuffling: one gather per column), from
+        row ``skip`` on."""
         path = self.root / self.info.shards[idx]
-        table = pq.read_table(path)
-        try:
-            labels = table.column(LABEL).to_numpy().astype(np.float32)  # a writable copy
-            dense = np.stack([table.column(c).to_numpy() for c in self.dense_names], axis=1).astype(
-                np.float32, copy=False
-            )
-            sparse = np.stack([table.column(c).to_numpy() for c in self.keys], axis=1)
-        except KeyError as e:
-            raise ValueError(f"{path}: missing column {e}; preprocess the data again") from None
-        too_big = sparse.max(axis=0, initial=-1) >= np.asarray(self.table_sizes)
-        if too_big.any() or (sparse.size and sparse.min() < 0):
-            j = int(np.argmax(too_big)) if too_big.any() else int(np.argmin(sparse.min(axis=0)))
-            raise ValueError(
-                f"{path}: column {self.keys[j]} holds ids outside [0, {self.table_sizes[j]}) "
-                "(shard and manifest do not match; preprocess again)"
-            )
-        if self.shuffle:
-            perm = np.random.default_rng([self.seed, epoch, idx]).permutation(len(labels))
-            labels, dense, sparse = labels[perm], dense[perm], sparse[perm]
-        return dense, sparse, labels
+        shard = pq.ParquetFile(path)
+        missing = [c for c in (LABEL, *self.dense_names, *self.keys) if c not in shard.schema_arrow.names]
+        if missing:
+            raise ValueError(f"{path}: missing column '{missing[0]}'; preprocess the data again")
+        self._check_ids(shard.metadata, path)
+        table = shard.read()  # one chunk per column: to_numpy() below copies nothing
+        n = table.num_rows
+        perm = np.random.default_rng([self.seed, epoch, idx]).permutation(n) if self.shuffle else None
+
+        def gather(names: list[str], dtype: np.dtype) -> np.ndarray:
+            out = np.empty((len(names), n), dtype)
+            for j, name in enumerate(names):
+                col = table.column(name).to_numpy()
+                if perm is None:
+                    out[j] = col
+                else:
+                    np.take(col, perm, out=out[j])  # a whole column stays in cache; per batch it would not
+            return out
+
+        ids = gather(self.keys, np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64))
+        dense = gather(self.dense_names, np.dtype(np.float32))
+        labels = gather([LABEL], np.dtype(np.float32))[0]
+        return _Columns(labels, dense, ids).rows(skip, n)
+
+    def _check_ids(self, meta: pq.FileMetaData, path: Path) -> None:
+        """Every id inside its table, from the shard's column statistics (read with the footer)."""
+        index = {meta.schema.column(i).name: i for i in range(meta.num_columns)}
+        for j, name in enumerate(self.keys):
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                st = group.column(index[name]).statistics
+                if group.num_rows and (st is None or not st.has_min_max):
+                    raise ValueError(f"{path}: column {name} has no min/max statistics; preprocess again")
+                if group.num_rows and (st.min < 0 or st.max >= self.table_sizes[j]):
+                    raise ValueError(
+                        f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
+                        "(shard and manifest do not match; preprocess again)"
+                    )
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
-        """This rank's part of global batches ``start, start+1, ...`` of ``epoch``."""
+        """This rank's part of global batches ``start, start+1, ...`` of ``epoch``.
+
+        The next ``READ_AHEAD`` shards are read and shuffled on threads of their own (parquet and
+        numpy release the interpreter lock, so they use the cores in parallel) while the current
+        one is sliced into batches: memory holds those shards, the current one and the rest of
+        the previous one.
+        """
         skip = start * self.batch_size  # stream rows before the first batch we yield
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        have = 0
+        todo: deque[tuple[int, int]] = deque()  # (shard, rows to skip at its start)
         for idx in self._order(epoch):
             rows = self.info.shard_rows[idx]
             if skip >= rows:
                 skip -= rows
                 continue
-            dense, sparse, labels = self._read_shard(idx, epoch)
-            if skip:
-                dense, sparse, labels = dense[skip:], sparse[skip:], labels[skip:]
-                skip = 0
-            parts.append((dense, sparse, labels))
-            have += len(labels)
-            while have >= self.batch_size:
-                (dense, sparse, labels), parts = _take(parts, self.batch_size)
-                have -= self.batch_size
-                yield self._local(dense, sparse, labels)
+            todo.append((int(idx), skip))
+            skip = 0
+        parts: deque[_Columns] = deque()
+        have = 0
+        # a consumer that stops early closes this generator: the pool then finishes the shards in flight
+        with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="shard-reader") as pool:
+            ahead: deque[Future] = deque()
+
+            def read_ahead(shards: int) -> None:
+                while todo and len(ahead) < shards:
+                    idx, skip = todo.popleft()
+                    ahead.append(pool.submit(self._load, idx, epoch, skip))
+
+            read_ahead(1)  # the first batch waits for one shard, not for READ_AHEAD sharing the cores
+            while ahead:
+                parts.append(ahead.popleft().result())
+                read_ahead(READ_AHEAD)
+                have += len(parts[-1])
+                while have >= self.batch_size:
+                    have -= self.batch_size
+                    yield self._local(_take(parts, self.batch_size), self.batch_size)
         if have and not self.drop_last:
-            (dense, sparse, labels), _ = _take(parts, have)
-            yield self._local(dense, sparse, labels)
+            yield self._local(_take(parts, have), have)
 
-    def _local(self, dense, sparse, labels) -> Batch:
-        """This rank's contiguous share of a global batch (as even as possible; may be empty)."""
-        n = len(labels)
+    def _local(self, pieces: list[_Columns], n: int) -> Batch:
+        """This rank's contiguous share of a global batch of ``n`` rows made of ``pieces`` (as even as
+        possible; may be empty), copied into one tensor each: ids [26, b] are the KJT's values."""
         lo, hi = (n * self.rank) // self.world_size, (n * (self.rank + 1)) // self.world_size
-        return make_batch(dense[lo:hi], sparse[lo:hi], labels[lo:hi], self.keys)
+        mine, at = [], 0
+        for p in pieces:
+            a, b = max(lo, at), min(hi, at + len(p))
+            if a < b:
+                mine.append(p.rows(a - at, b - at))
+            at += len(p)
+        b = hi - lo
+        ids = torch.empty((len(self.keys), b), dtype=self.id_dtype, pin_memory=self.pin)
+        dense = torch.empty((b, len(self.dense_names)), dtype=torch.float32, pin_memory=self.pin)
+        labels = torch.empty(b, dtype=torch.float32, pin_memory=self.pin)
+        # numpy copies: torch's intra-op thread pool would fight the training thread for the cores
+        at = 0
+        for p in mine:
+            k = len(p)
+            np.copyto(ids.numpy()[:, at : at + k], p.ids)
+            np.copyto(dense.numpy()[at : at + k], p.dense.T)
+            np.copyto(labels.numpy()[at : at + k], p.labels)
+            at += k
+        return self.layout.batch(dense, ids, labels)
 
 
-def _take(parts, n):
-    """The first n rows of a list of (dense, sparse, labels) chunks, and what is left."""
-    out, left, need = [], [], n
-    for i, part in enumerate(parts):
-        if need == 0:
-            left.extend(parts[i:])
-            break
-        k = min(need, len(part[2]))
-        out.append(tuple(a[:k] for a in part))
-        if k < len(part[2]):
-            left.append(tuple(a[k:] for a in part))
-        need -= k
-    cat = tuple(np.concatenate([p[j] for p in out]) if len(out) > 1 else out[0][j] for j in range(3))
-    return cat, left
+def _take(parts: deque[_Columns], n: int) -> list[_Columns]:
+    """Remove the first ``n`` rows from the front of ``parts``; returns them as pieces (views)."""
+    out = []
+    while n:
+        p = parts[0]
+        if len(p) <= n:
+            out.append(parts.popleft())
+            n -= len(p)
+        else:
+            out.append(p.rows(0, n))
+            parts[0] = p.rows(n, len(p))
+            n = 0
+    return out
 
 
 class Prefetcher:
     """Runs an iterator in a background thread, ``depth`` items ahead (decode overlaps training).
 
     ``transform`` (the embedding cache's per-batch analysis) runs on ``workers`` threads, items
-    still coming out in order: numpy releases the GIL, so at large batches this keeps the loader
-    ahead of a fast device.
+    still coming out in order: numpy and torch release the GIL, so at large batches this keeps the
+    loader ahead of a fast device.
     """
 
     _END = object()
@@ -197,22 +299,18 @@ class Prefetcher:
         self,
         it: Iterator,
         depth: int = 4,
-        pin: bool = False,
         transform: Callable | None = None,
         workers: int = 1,
     ) -> None:
         self._q: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
-        self._pin = pin
         self._transform = transform
         self._workers = max(1, workers)
         self._thread = threading.Thread(target=self._run, args=(it,), daemon=True)
         self._thread.start()
 
     def _finish(self, item):
-        if self._transform is not None:
-            item = self._transform(item)
-        return item.pin_memory() if self._pin else item
+        return item if self._transform is None else self._transform(item)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():

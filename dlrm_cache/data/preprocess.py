@@ -59,6 +59,9 @@ from .format import (
     SPLITS,
     Manifest,
     SplitInfo,
+    recover_dir,
+    replace_dir,
+    sha256_file,
 )
 from .stats import COUNTS, SUMMARY, FeatureStats, IdCounter, format_summary, rank_feature, summarize, write_counts
 
@@ -66,11 +69,10 @@ SETTINGS = "preprocess.json"  # inputs + settings of the build, compared on re-r
 _OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS}
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 _FINGERPRINT_BYTES = 1 << 20
-# Settings that change the output (everything else, e.g. progress or chunk_bytes, does not).
-_DATA_KEYS = (
-    "split", "train_fraction", "total_lines", "train_files", "val_files", "test_files",
-    "min_count", "hash_modulus", "bad_lines", "rows_per_shard",
-)
+# Settings that cannot change the output (acceptance of a line is a property of the line alone, so
+# chunk_bytes is one of them).  Every other setting is recorded and compared on re-runs, so a
+# setting added later counts as changing the output unless it is listed here.
+_NOT_OUTPUT_KEYS = frozenset({"input", "output", "bad_line_reports", "chunk_bytes", "cache_mb", "overwrite", "progress"})
 
 
 class PreprocessError(ValueError):
@@ -82,8 +84,10 @@ def find_sources(inp: Path) -> list[Path]:
     """A file, or a directory's day_N[.gz] files in numeric order (else its train.txt[.gz])."""
     if inp.is_file():
         return [inp.resolve()]
-    if not inp.is_dir():
+    if not inp.exists():
         raise PreprocessError(f"input {inp} does not exist")
+    if not inp.is_dir():
+        raise PreprocessError(f"input {inp} is not a regular file or a directory")
     days = sorted((int(m.group(1)), p) for p in inp.iterdir() if (m := _DAY_FILE.match(p.name)) and p.is_file())
     if days:
         return [p.resolve() for _, p in days]
@@ -166,8 +170,6 @@ def select_files(cfg: Any, inp: Path, sources: list[Path]) -> tuple[list[Path], 
     """The files to read, in day order, and (split=day) each file's split or "halve"."""
     if cfg.split == "fraction":
         return sources, []
-    if cfg.split != "day":
-        raise PreprocessError(f"split={cfg.split!r}: use fraction or day")
     if not (cfg.train_files or cfg.val_files or cfg.test_files):
         if len(sources) < 2:
             raise PreprocessError(f"split=day needs at least 2 input files, found {len(sources)} in {inp}")
@@ -193,8 +195,6 @@ def plan_splits(cfg: Any, files: list[Path], file_splits: list[str], progress: b
     """The split plan; counts lines where the plan needs them (see the module docstring)."""
     if cfg.split == "fraction":
         frac = float(cfg.train_fraction)
-        if not 0.0 < frac <= 1.0:
-            raise PreprocessError(f"train_fraction={frac}: must be in (0, 1]")
         total = int(cfg.total_lines) or sum(_count(p, progress) for p in files)
         n_train = int(total * frac)
         n_val = (total - n_train) // 2
@@ -221,6 +221,7 @@ class BadLineLog:
     max_reports: int
     counts: dict[str, int] = field(default_factory=dict)
     reports: list[str] = field(default_factory=list)
+    first: dict[str, str] = field(default_factory=dict)  # reason -> its first line's message
 
     def add(self, path: Path, parsed: criteo.Parsed, keep: np.ndarray | None = None) -> None:
         """Record a block's bad lines (``keep``: the ones that count); raise under ``fail``."""
@@ -231,6 +232,7 @@ class BadLineLog:
             if self.policy == "fail":
                 raise criteo.BadLineError(msg)
             self.counts[reason] = self.counts.get(reason, 0) + 1
+            self.first.setdefault(reason, msg)
             if len(self.reports) < self.max_reports:
                 self.reports.append(msg)
 
@@ -349,15 +351,15 @@ def _hash(ids: np.ndarray, modulus: int) -> np.ndarray:
 def count_ids(
     plan: SplitPlan, cfg: Any, bad: BadLineLog, cache: ParseCache
 ) -> tuple[dict[str, FeatureStats], int]:
-    """Pass 1: per-feature stats over the training lines; returns them and the train line count."""
+    """Pass 1: per-feature stats over the training lines; returns them and the count of good
+    training lines.  ``bad`` gets the malformed training lines (pass 2 reports every split's)."""
     counters = [IdCounter() for _ in SPARSE_NAMES]
     total_bytes = sum(p.stat().st_size for p in plan.files)
     n_train = 0
     bar = _bar(total_bytes, "pass 1/2 (count ids)", cfg.progress)
     with bar:
         for i, offset, _n, parsed in _prefetch(_read(plan, int(cfg.chunk_bytes), True, bar, cache)):
-            if bad.policy == "fail":  # skip: bad lines are counted in pass 2, which sees all
-                bad.add(plan.files[i], parsed, plan.codes(i, offset, parsed.bad_lines) == 0)
+            bad.add(plan.files[i], parsed, plan.codes(i, offset, parsed.bad_lines) == 0)
             train = plan.codes(i, offset, parsed.lines) == 0
             ids = parsed.ids if train.all() else parsed.ids[:, train]
             ids = _hash(ids, int(cfg.hash_modulus))
@@ -502,7 +504,11 @@ def write_shards(
 # ------------------------------------------------------------------------------------ output dir
 def _settings(cfg: Any, plan_files: list[Path]) -> dict[str, Any]:
     d = config_dict(cfg)
-    return {"inputs": [fingerprint(p) for p in plan_files], **{k: d[k] for k in _DATA_KEYS}}
+    return {
+        "inputs": [fingerprint(p) for p in plan_files],
+        "line_policy": criteo.LINE_POLICY_VERSION,
+        **{k: v for k, v in sorted(d.items()) if k not in _NOT_OUTPUT_KEYS},
+    }
 
 
 def _check_reuse(out: Path, settings: dict[str, Any], overwrite: bool) -> Manifest | None:
@@ -523,9 +529,11 @@ def _check_reuse(out: Path, settings: dict[str, Any], overwrite: bool) -> Manife
 
 
 def _clean_stale(out: Path) -> None:
-    """Remove build/swap directories left by killed runs."""
+    """Remove build directories left by killed runs, and finish a replacement a kill interrupted
+    (the old dataset back if the new one never arrived)."""
+    recover_dir(out)
     for p in out.parent.glob(f".{out.name}.*"):
-        if p.is_dir() and re.fullmatch(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+", p.name):
+        if p.is_dir() and re.fullmatch(rf"\.{re.escape(out.name)}\.tmp-\d+", p.name):
             shutil.rmtree(p)
 
 
@@ -543,20 +551,12 @@ def _check_replaceable(out: Path) -> None:
         )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
 def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> Manifest:
-    bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
     cache = ParseCache(int(cfg.cache_mb) << 20)
-    stats, n_train = count_ids(plan, cfg, bad, cache)
+    train_bad = BadLineLog(str(cfg.bad_lines), 0)
+    stats, n_train = count_ids(plan, cfg, train_bad, cache)
     if n_train == 0:
-        raise PreprocessError(f"no valid training lines in {', '.join(map(str, plan.files))} (split={cfg.split})")
+        raise PreprocessError(_why_no_training_lines(cfg, plan, train_bad))
     summary = summarize(stats)
     summary.update(min_count=int(cfg.min_count), hash_modulus=int(cfg.hash_modulus), train_lines=n_train)
     (root / "stats").mkdir(parents=True)
@@ -564,6 +564,7 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
     (root / SUMMARY).write_text(json.dumps(summary, indent=2))
     print(format_summary(summary))
 
+    bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
     splits, lines_read = write_shards(plan, cfg, stats, root, bad, cache)
     if plan.kind == "fraction" and lines_read != plan.bounds[2]:
         raise PreprocessError(
@@ -578,7 +579,7 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
         schema_version=SCHEMA_VERSION,
         table_sizes=[stats[n].table_size for n in SPARSE_NAMES],
         splits=splits,
-        stats_digest=_sha256(root / COUNTS),
+        stats_digest=sha256_file(root / COUNTS),
         min_count=int(cfg.min_count),
         hash_modulus=int(cfg.hash_modulus),
         sources=[str(p) for p in plan.files],
@@ -589,19 +590,33 @@ def _build(cfg: Any, plan: SplitPlan, settings: dict[str, Any], root: Path) -> M
     return manifest
 
 
-def _validate(cfg: Any) -> None:
-    if cfg.bad_lines not in ("skip", "fail"):
-        raise PreprocessError(f"bad_lines={cfg.bad_lines!r}: use skip or fail")
-    ints = (int(cfg.min_count), int(cfg.rows_per_shard), int(cfg.hash_modulus) + 1, int(cfg.chunk_bytes))
-    if min(ints) < 1:
-        raise PreprocessError("need min_count >= 1, rows_per_shard >= 1, hash_modulus >= 0, chunk_bytes >= 1")
+def _why_no_training_lines(cfg: Any, plan: SplitPlan, bad: BadLineLog) -> str:
+    """The one-line error when pass 1 found no good training line: which lines there were and why
+    each kind was rejected (with its first line), plus what that usually means."""
+    where = f"no valid training lines in {', '.join(map(str, plan.files))} (split={cfg.split})"
+    if not bad.counts:
+        if plan.kind == "day":
+            return f"{where}: the training files have no lines"
+        total = plan.bounds[2]
+        if total == 0:
+            return f"{where}: the input has no lines"
+        return f"{where}: {total} line(s) in all, and train_fraction={float(cfg.train_fraction):g} leaves none for training"
+    per_reason = "; ".join(
+        f"{reason}: {n} (first: {bad.first[reason]})" for reason, n in sorted(bad.counts.items(), key=lambda kv: -kv[1])
+    )
+    hints = []
+    if f"({criteo.NUM_FIELDS - 1} fields, expected" in bad.first.get(criteo.BAD_FIELDS, ""):
+        hints.append(f"{criteo.NUM_FIELDS - 1} fields is a file without the label column, like Criteo's test files")
+    if re.search(r":1: ", bad.first.get(criteo.BAD_LABEL, "")):
+        hints.append("line 1 looks like a header (Criteo files have none)")
+    hints.append("the input must be raw Criteo text: label, 13 integers, 26 hex ids, tab-separated")
+    return f"{where}: all {sum(bad.counts.values())} training lines are malformed. {per_reason}. ({'; '.join(hints)})"
 
 
 def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
     """Build (or reuse) the processed dataset described by ``cfg``; returns its manifest."""
     from hydra.utils import to_absolute_path
 
-    _validate(cfg)
     inp = Path(to_absolute_path(str(cfg.input))).resolve()
     out = Path(to_absolute_path(str(cfg.output))).resolve()
     sources = find_sources(inp)
@@ -618,19 +633,16 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
         print(f"preprocess: up to date, reusing {out}")
         return reused
     _check_replaceable(out)
-    plan = plan_splits(cfg, files, file_splits, bool(cfg.progress))
 
     root = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
-        root.mkdir()
+        root.mkdir()  # first, so an output that cannot be written fails before any reading
+    except PermissionError as e:
+        raise PreprocessError(f"output {out}: cannot create files in {out.parent} ({e.strerror})") from None
+    try:
+        plan = plan_splits(cfg, files, file_splits, bool(cfg.progress))
         manifest = _build(cfg, plan, settings, root)
-        if out.exists():  # swap: the old dataset stays complete until the rename
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            root.rename(out)
-            shutil.rmtree(old)
-        else:
-            root.rename(out)
+        replace_dir(root, out)  # the old dataset stays complete until the new one is in
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .format import SPARSE_NAMES
+from .format import MANIFEST, SPARSE_NAMES, Manifest, one_line, sha256_file
 
 COUNTS = "stats/counts.parquet"
 SUMMARY = "stats/summary.json"
@@ -160,10 +160,18 @@ def write_counts(path: Path, features: dict[str, FeatureStats]) -> None:
 def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     """Per feature (C1..C26): training counts in row (rank) order, the rare row's count last.
 
-    ``len(result[f])`` equals the feature's table size in the manifest.
+    ``len(result[f])`` equals the feature's table size in the manifest, and the file read is the
+    one the manifest was built with (its ``stats_digest``).
     """
     d = Path(dataset_dir)
-    summary = json.loads((d / SUMMARY).read_text())["features"]
+    manifest = Manifest.load(d)
+    if sha256_file(d / COUNTS) != manifest.stats_digest:
+        raise ValueError(f"{d / COUNTS}: not the statistics {d / MANIFEST} was built with (its sha256 is not the "
+                         "manifest's stats_digest); preprocess the data again")
+    try:
+        summary = json.loads((d / SUMMARY).read_text())["features"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{d / SUMMARY}: not a statistics summary ({one_line(e)}); preprocess the data again") from None
     counts = pq.read_table(d / COUNTS, columns=["count"]).column("count").to_numpy()
     # Features are stored in C1..C26 order with table_size - 1 kept ids each: slice, don't search.
     sizes = [summary[name]["table_size"] - 1 for name in SPARSE_NAMES]

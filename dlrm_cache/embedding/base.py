@@ -8,7 +8,9 @@ never handed to the dense optimizer: they are kept out of ``Module.parameters()`
 
 from __future__ import annotations
 
+import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +63,20 @@ SPARSE_OPTIMIZERS = {"rowwise_adagrad": 1, "adagrad": -1, "sgd": 0}
 
 
 class EmbeddingBackend(nn.Module):
-    """Pooled embedding lookups for a fixed list of tables, one feature per table."""
+    """Pooled embedding lookups for a fixed list of tables, one feature per table.
+
+    Prefetch protocol (FIFO): a backend with ``lookahead > 0`` is handed each training batch
+    ``lookahead`` steps before its forward (:meth:`prefetch`).  A forward with gradients enabled
+    consumes the oldest prefetched batch, which must be that batch (see :func:`takes_prefetched`);
+    a forward under ``torch.no_grad()`` consumes it only if it was prefetched under no_grad too,
+    else it is an ad-hoc batch (evaluation between training steps).  ``step_done`` follows each
+    training step's backward.
+    """
+
+    # batches the backend wants to see ahead of their forward (0: it does not prefetch)
+    lookahead: int = 0
+    # whether the constructor takes ``counts``: the dataset's per-row access counts (stats/)
+    uses_counts: bool = False
 
     def __init__(self, tables: list[TableSpec], optim: SparseOptim) -> None:
         super().__init__()
@@ -85,6 +100,9 @@ class EmbeddingBackend(nn.Module):
 
     def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
         """A future batch: make its rows resident before it is needed (no-op where n/a)."""
+
+    def step_done(self) -> None:
+        """The last forwarded batch's backward has been issued (its cached rows may be released)."""
 
     def cancel_prefetch(self) -> None:
         """Forget prefetched batches that will not be forwarded (a loop left early)."""
@@ -152,13 +170,22 @@ def initial_state(tables: list[TableSpec], optim: SparseOptim, seed: int) -> dic
     """Deterministic initial rows per table (uniform in +-1/sqrt(rows), like torchrec), zero state.
 
     Seeded by table name, not by construction order, so every placement and every sharding of the
-    same tables starts from the same parameters.
+    same tables starts from the same parameters.  Each table has its own generator, so the tables
+    are filled on parallel threads (a generator is serial; uniform_ releases the interpreter lock).
     """
-    out = {}
-    for t in tables:
+
+    def rows(t: TableSpec) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(t.name.encode()))
         bound = t.num_rows ** -0.5
-        out[f"{t.name}.weight"] = torch.empty(t.num_rows, t.dim).uniform_(-bound, bound, generator=g)
+        return torch.empty(t.num_rows, t.dim).uniform_(-bound, bound, generator=g)
+
+    # largest first: the longest fills start at once
+    order = sorted(tables, key=lambda t: -t.num_rows * t.dim)
+    with ThreadPoolExecutor(max(1, min(len(tables), os.cpu_count() or 1))) as pool:
+        weights = dict(zip((t.name for t in order), pool.map(rows, order)))
+    out = {}
+    for t in tables:
+        out[f"{t.name}.weight"] = weights[t.name]
         if optim.state_per_row == 1:
             out[f"{t.name}.momentum1"] = torch.zeros(t.num_rows)
         elif optim.state_per_row == -1:
@@ -172,21 +199,18 @@ def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> Keyed
     return KeyedTensor(keys=keys, length_per_key=[dim] * len(keys), values=values)
 
 
-def same_batch(prefetched: KeyedJaggedTensor, prefetched_train: bool, kjt: KeyedJaggedTensor) -> bool:
-    """Whether a forward of ``kjt`` consumes the oldest prefetched batch.
+def takes_prefetched(prefetched: KeyedJaggedTensor, prefetched_train: bool, kjt: KeyedJaggedTensor) -> bool:
+    """Whether a forward of ``kjt`` consumes the oldest prefetched batch (the FIFO protocol of
+    :class:`EmbeddingBackend`): always under grad, under no_grad only a batch prefetched under no_grad.
 
-    The trainer prefetches the host batch and runs forward on its device copy (a new object), so
-    identity is not enough.  On the CPU the ids are compared; for a device copy that would cost a
-    synchronization, so the per-feature lengths must do -- and an evaluation forward (no grad) never
-    takes a prefetched training batch, whose lengths a same-sized evaluation batch would share.
+    What is consumed is the oldest batch by contract, not by comparing ids (a device copy could not
+    be compared without a synchronization); a batch of another shape breaks the contract and fails.
     """
-    if prefetched is kjt:
-        return True
     if prefetched_train and not torch.is_grad_enabled():
         return False
-    v, w = kjt.values(), prefetched.values()
-    if v.numel() != w.numel() or list(kjt.keys()) != list(prefetched.keys()) or kjt.stride() != prefetched.stride():
-        return False
-    if v.device.type == "cpu" and w.device.type == "cpu":
-        return torch.equal(v, w) and torch.equal(kjt.lengths(), prefetched.lengths())
-    return list(kjt.length_per_key()) == list(prefetched.length_per_key())
+    if kjt is not prefetched and (kjt.stride() != prefetched.stride() or list(kjt.keys()) != list(prefetched.keys())):
+        raise RuntimeError(
+            f"forward of a batch of {kjt.stride()} samples while the oldest prefetched batch has "
+            f"{prefetched.stride()}: batches must be forwarded in the order they were prefetched"
+        )
+    return True

@@ -76,7 +76,7 @@ def agree_on_config(cfg, info: DistInfo) -> str:
 
     if not info.distributed:
         return str(cfg.run_dir)
-    mine = {k: v for k, v in _flat(OmegaConf.to_container(cfg, resolve=True)).items()
+    mine = {k: v for k, v in _flat(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)).items()
             if k not in _PER_RANK_KEYS}
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, (mine, str(cfg.run_dir)))

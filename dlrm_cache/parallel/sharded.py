@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, takes_prefetched
 from .plan import Shard
 
 
@@ -45,7 +45,7 @@ class ShardedEmbeddings(EmbeddingBackend):
         local_tables = [TableSpec(s.name, s.hi - s.lo, self.dim) for s in self.mine]
         self.local = make_local(local_tables, self.mine) if self.mine else None
         # Every rank must prefetch (each prefetch is a collective), also one that owns no shard.
-        depth = torch.tensor([int(getattr(self.local, "lookahead", 0))], device=self.comm_device)
+        depth = torch.tensor([self.local.lookahead if self.local is not None else 0], device=self.comm_device)
         dist.all_reduce(depth, op=dist.ReduceOp.MAX)
         self.lookahead = int(depth.item())
         # received pooled blocks are rank-major; put them back in global shard order, then add the
@@ -127,7 +127,7 @@ class ShardedEmbeddings(EmbeddingBackend):
         self._pending.append((features, local, sizes, torch.is_grad_enabled()))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        if self._pending and same_batch(self._pending[0][0], self._pending[0][3], features):
+        if self._pending and takes_prefetched(self._pending[0][0], self._pending[0][3], features):
             _, local, sizes, _ = self._pending.popleft()
         else:
             local, sizes = self._dist_ids(features)
@@ -144,6 +144,10 @@ class ShardedEmbeddings(EmbeddingBackend):
         if self._row_wise:
             out = out.new_zeros(b, len(self.tables), self.dim).index_add(1, self._shard_table, out)
         return pooled(features, out.reshape(b, len(self.tables) * self.dim), self.dim)
+
+    def step_done(self) -> None:
+        if self.local is not None:
+            self.local.step_done()
 
     def cancel_prefetch(self) -> None:
         self._pending.clear()

@@ -1,26 +1,53 @@
-"""Checkpoints: dense model + optimizer + data position, and the full embedding tables.
+"""Checkpoints: dense model + optimizer, the full embedding tables, and what they were trained on.
 
 A checkpoint is a directory ``checkpoints/step_<N>/``: ``dense.pt`` (written by rank 0), one
 ``tables-rank<R>.pt`` per rank that owns tables (full tables in row order, whatever their placement
-or cache state) and ``meta.json`` (which file holds which table), written last.  Tables are found by
-name, so a checkpoint written by N ranks can be resumed by M ranks with any table placement.
-Everything is written under a temporary name and renamed into place once complete.
+or cache state) and ``meta.json``, written last: the step, which file holds which table, every
+file's size, the run's config and the identity of its dataset.  Tables are found by name, so a
+checkpoint written by N ranks can be resumed by M ranks with any table placement.
+
+Crash safety: everything is written (and fsync'ed) into ``.step_<N>.tmp/``, which replaces
+``step_<N>/`` by :func:`~dlrm_cache.data.format.replace_dir`, so a kill at any point leaves every
+earlier checkpoint complete; :func:`find_checkpoint` takes the newest complete one.
+
+Security: the ``.pt`` files are read with ``torch.load(weights_only=True)``: tensors and plain
+containers only, so a crafted file cannot run code; everything else is JSON.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 
-from ..data.format import atomic_write_text
+from ..data.format import (
+    Manifest, WriteError, atomic_write_text, fsync_file, one_line, recover_dir, replace_dir,
+)
 from ..parallel.plan import parse_key
 
 CKPT_DIR = "checkpoints"
+META = "meta.json"
+DENSE = "dense.pt"
+_STEP_DIR = re.compile(r"step_(\d+)")
+_LEFT_BEHIND = re.compile(r"\.(step_\d+)\.(tmp|old)")  # by a save that was killed
+
+# What a resumed run must share with its checkpoint: the model's shapes, the optimizers whose state
+# it holds (and the dense optimizer's settings, which loading its state restores), and what fixes
+# the data position (global batch k of epoch e).  Everything else (learning rates, schedules,
+# embedding placement, number of ranks, evaluation, logging) may change on resume.
+RESUME_KEYS = (
+    "model.embedding_dim", "model.bottom_mlp", "model.top_mlp",
+    "optim.sparse.name", "optim.dense.name", "optim.dense.weight_decay", "optim.dense.momentum",
+    "data.batch_size", "data.shuffle", "seed",
+)
 
 
 def _barrier() -> None:
@@ -29,55 +56,180 @@ def _barrier() -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, dense: dict[str, Any], tables: dict[str, torch.Tensor], rank: int
+    run_dir: Path, step: int, dense: dict[str, Any], tables: dict[str, torch.Tensor], rank: int,
+    meta: dict[str, Any],
 ) -> Path:
-    """Collective under torchrun: every rank calls it with its own tables."""
-    root = Path(run_dir) / CKPT_DIR
-    final = root / f"step_{step:08d}"
-    tmp = root / f".step_{step:08d}.tmp"
+    """Collective under torchrun: every rank calls it with its own tables; rank 0's ``dense`` and
+    ``meta`` (JSON-able: config, dataset identity, ...) are stored."""
+    final = step_dir(run_dir, step)
+    root = final.parent
+    tmp = root / f".{final.name}.tmp"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean_left_behind(root)
         tmp.mkdir(parents=True)
     _barrier()
-    files: dict[str, list[str]] = {}
-    if tables:
-        name = f"tables-rank{rank}.pt"
-        torch.save(tables, tmp / name)
-        files[name] = sorted(tables)
-    if dist.is_initialized():
-        gathered: list[dict[str, list[str]]] = [None] * dist.get_world_size()  # type: ignore[list-item]
-        dist.all_gather_object(gathered, files)
-        files = {k: v for g in gathered for k, v in g.items()}
-    if rank == 0:
-        torch.save(dense, tmp / "dense.pt")
-        meta = {"step": step, "tables": {k: f for f, keys in files.items() for k in keys}}
-        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        atomic_write_text(root / "latest", final.name + "\n")
+    files: dict[str, tuple[list[str], int]] = {}  # file -> (its entries, its size)
+    try:
+        if tables:
+            name = f"tables-rank{rank}.pt"
+            files[name] = (sorted(tables), _save(tables, tmp / name))
+        if dist.is_initialized():
+            gathered: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
+            dist.all_gather_object(gathered, files)
+            files = {k: v for g in gathered for k, v in g.items()}
+        if rank == 0:
+            files[DENSE] = ([], _save(dense, tmp / DENSE))
+            record = {
+                **meta, "step": step,
+                "tables": {k: f for f, (keys, _) in files.items() for k in keys},
+                "files": {f: size for f, (_, size) in files.items()},
+            }
+            atomic_write_text(tmp / META, json.dumps(record, indent=1))
+            fsync_file(tmp / META)
+            replace_dir(tmp, final)
+    except OSError as e:  # disk full, quota, permissions: the earlier checkpoints stay as they were
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(e.errno, f"checkpoint step {step} not written ({e.strerror or one_line(e)}); "
+                      "the earlier checkpoints are intact", str(e.filename or tmp)) from None
     _barrier()
     return final
 
 
+def step_dir(run_dir: Path, step: int) -> Path:
+    """Where :func:`save_checkpoint` puts the checkpoint of ``step``."""
+    return Path(run_dir) / CKPT_DIR / f"step_{step:08d}"
+
+
+def _save(obj: dict[str, Any], path: Path) -> int:
+    """torch.save, on the disk before the checkpoint is renamed into place; returns the size."""
+    with open(path, "wb") as f:
+        out = _Writes(f)
+        try:
+            torch.save(obj, out)
+        except RuntimeError:
+            if out.error is not None:  # torch's writer reports a failed write without its reason
+                raise out.error from None
+            raise
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()
+
+
+class _Writes:
+    """A file's ``write`` for torch.save that keeps the OSError (ENOSPC, EDQUOT, ...) of a failed write."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _clean_left_behind(root: Path) -> None:
+    """Temporary directories of killed saves go; a checkpoint left aside by one goes back."""
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        m = _LEFT_BEHIND.fullmatch(p.name)
+        if m and m[2] == "tmp":
+            shutil.rmtree(p)
+        elif m:
+            recover_dir(root / m[1])
+
+
+def _complete(directory: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``directory`` by step: ``step_N`` with its meta.json, or the old
+    ``step_N`` a killed save had set aside (before its replacement arrived)."""
+    found: dict[int, Path] = {}
+    if not directory.is_dir():
+        return []
+    for p in directory.iterdir():
+        step = _STEP_DIR.fullmatch(p.name)
+        aside = _LEFT_BEHIND.fullmatch(p.name)
+        if not (p / META).is_file():
+            continue
+        if step:
+            found[int(step[1])] = p
+        elif aside and aside[2] == "old" and not (directory / aside[1]).exists():
+            found[int(_STEP_DIR.fullmatch(aside[1])[1])] = p  # type: ignore[index]
+    return sorted(found.items())
+
+
 def find_checkpoint(resume: str) -> Path:
-    """A checkpoint directory, or a run directory / its checkpoints folder (then its latest)."""
+    """A checkpoint directory, or a run directory / its checkpoints folder (then its newest
+    complete checkpoint)."""
     p = Path(resume).expanduser()
-    if (p / "meta.json").is_file():
+    if (p / META).is_file():
         return p
     for d in (p / CKPT_DIR, p):
-        if (d / "latest").is_file():
-            return d / (d / "latest").read_text().strip()
-    raise FileNotFoundError(f"resume={resume}: no checkpoint there, nor a run directory with one")
+        found = _complete(d)
+        if found:
+            return found[-1][1]
+    raise FileNotFoundError(
+        f"resume={resume}: no checkpoint there (a directory with {META}), nor a run directory with a complete one"
+    )
+
+
+def load_data(path: Path, mmap: bool = False) -> Any:
+    """``torch.load`` of tensors and plain containers only: a file that would build any other
+    object (and so could run code) is refused, as is a damaged one, with one line naming it."""
+    try:
+        with warnings.catch_warnings():
+            # a foreign pickle protocol: refused below or harmless, not worth a warning
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
+    except (FileNotFoundError, PermissionError) as e:
+        raise type(e)(e.errno, f"{path}: {e.strerror}") from None
+    except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError, OSError (mmap), ...: crafted or damaged
+        detail = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\. |\n\n|$)", str(e), re.S)
+        if detail:
+            raise ValueError(f"{path}: refused: it holds more than tensors and plain data "
+                             f"({one_line(Exception(detail[1]))}); dlrm-cache loads no code") from None
+        raise ValueError(f"{path}: not a readable checkpoint file ({one_line(e)[:200]})") from None
 
 
 class Checkpoint:
+    """A complete checkpoint, checked when opened: its meta.json, every file's recorded size,
+    and its dense part (small) loaded; the tables are read on demand."""
+
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path = Path(path)
+        meta_path = self.path / META
         try:
-            self.meta = json.loads((path / "meta.json").read_text())
-            self.dense = torch.load(path / "dense.pt", map_location="cpu", weights_only=False)
-        except Exception as e:  # a truncated or foreign checkpoint
-            raise ValueError(f"resume={path}: not a readable dlrm-cache checkpoint ({e})") from None
+            self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+            self.step = int(self.meta["step"])
+            stored = dict(self.meta["tables"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({one_line(e)})") from None
+        except OSError as e:
+            raise type(e)(e.errno, f"{meta_path}: {e.strerror}") from None
+        for name in sorted({*stored.values(), DENSE}):
+            f = self.path / name
+            want = self.meta.get("files", {}).get(name)
+            have = f.stat().st_size if f.is_file() else None
+            if have is None or (want is not None and have != want):
+                found = "missing" if have is None else f"{have} bytes"
+                raise ValueError(f"{f}: {found} but {meta_path} records {want if want is not None else 'it'}"
+                                 " (cut short or replaced?); resume from another checkpoint")
+        self.dense: dict[str, Any] = load_data(self.path / DENSE)
+        # checkpoints written before meta.json held the config kept it in dense.pt
+        self.config: dict[str, Any] = self.meta.get("config") or self.dense.get("config") or {}
+
+    def log_records(self, run_dir: Path) -> int | None:
+        """How many records the run's metrics.jsonl held at this checkpoint, if it was written into
+        ``run_dir`` (a run resumed there drops the later ones: it redoes those steps)."""
+        if self.path.parent.parent.resolve() != Path(run_dir).resolve():
+            return None
+        return self.meta.get("log_records")
 
     def tables(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """The requested entries, reading only the files that hold them.
@@ -96,7 +248,9 @@ class Checkpoint:
         def load(k: str) -> torch.Tensor:
             f = stored[k]
             if f not in files:
-                files[f] = torch.load(self.path / f, map_location="cpu", mmap=True, weights_only=True)
+                files[f] = load_data(self.path / f, mmap=True)
+            if not isinstance(files[f].get(k), torch.Tensor):
+                raise ValueError(f"{self.path / f}: holds no tensor {k} though {META} says so")
             return files[f][k]
 
         out: dict[str, torch.Tensor] = {}
@@ -126,3 +280,46 @@ class Checkpoint:
                 raise ValueError(f"resume={self.path}: rows {lo}-{hi} of {table}.{field} are not all there")
             out[key] = result
         return out
+
+
+def checkpoint_meta(cfg: DictConfig, manifest: Manifest, world_size: int, log_records: int) -> dict[str, Any]:
+    """What :func:`save_checkpoint` records beside the tensors (the other half of a resume check)."""
+    return {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "dataset": manifest.identity(),
+            "world_size": world_size, "log_records": log_records}
+
+
+def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
+    """The checkpoint ``resume=`` names, opened and checked against this run before anything is
+    built: a different model, optimizer, data position or dataset is refused, naming every
+    differing key (its state would not fit, or would silently be dropped or misread)."""
+    ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
+    now = {**_pick(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), RESUME_KEYS), **_flat(manifest.identity(), "dataset.")}
+    then = {**_pick(ckpt.config, RESUME_KEYS), **_flat(ckpt.meta.get("dataset", {}), "dataset.")}
+    diff = [k for k in now if k in then and then[k] != now[k]]
+    if diff:
+        raise ValueError(
+            f"resume={ckpt.path}: the checkpoint was written with "
+            + ", ".join(f"{k}={_short(then[k])} (now {_short(now[k])})" for k in diff)
+            + "; resume with the same values, or start a new run"
+        )
+    return ckpt
+
+
+def _pick(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    flat = _flat(config)
+    return {k: flat[k] for k in keys if k in flat}
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
 import os
 import time
-from collections import deque
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +18,18 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from ..data.format import Manifest, atomic_write_text
-from ..data.loader import Batch, Prefetcher, ShardStream
+from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve_device, shutdown
 from ..parallel.plan import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
-from .checkpoint import Checkpoint, find_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
+from .pipeline import Pipeline
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
+from .step import dense_optimizer, set_matmul_precision
 
 log = logging.getLogger(__name__)
-
-DENSE_OPTIMIZERS = {"sgd", "adagrad", "adam"}
 
 
 def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
@@ -41,7 +39,7 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     the frequency statistics; ``None`` means the tables are whole.
     """
     optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
-    wants_counts = "counts" in inspect.signature(get_class(cfg.embedding._target_)).parameters
+    wants_counts = get_class(cfg.embedding._target_).uses_counts
     counts = None
     if wants_counts:
         from ..data.stats import load_counts
@@ -115,15 +113,9 @@ def build_embeddings(
     return sharded
 
 
-def build_dense_optimizer(cfg: DictConfig, params) -> torch.optim.Optimizer:
+def build_dense_optimizer(cfg: DictConfig, params, device: torch.device) -> torch.optim.Optimizer:
     o = cfg.optim.dense
-    if o.name == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-    if o.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=o.lr, weight_decay=o.weight_decay)
-    if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
-    raise ValueError(f"optim.dense.name={o.name!r}: choose one of {sorted(DENSE_OPTIMIZERS)}")
+    return dense_optimizer(o.name, params, device, o.lr, o.weight_decay, o.momentum)
 
 
 def lr_scale(step: int, warmup_steps: int, decay_start: int = 0, decay_steps: int = 0) -> float:
@@ -142,53 +134,18 @@ def set_learning_rates(model: DLRM, opt: torch.optim.Optimizer, cfg: DictConfig,
     model.embeddings.set_learning_rate(cfg.optim.sparse.lr * scale)
 
 
-def lookahead_window(
-    batches: Iterator[Batch], backend: EmbeddingBackend, depth: int, device: torch.device
-) -> Iterator[Batch]:
-    """Yield batches in order while the backend already holds the next ``depth`` ones.
-
-    The input pipeline knows the future, so the cache fetches the rows of batch t+depth while
-    batch t trains, and rows of batches inside the window are never evicted before their use.
-    """
-    window: deque[Batch] = deque()
-    for batch in batches:
-        if depth > 0:
-            # the host copy: the cache plans its transfers on the CPU, no device->host sync needed
-            backend.prefetch(batch.sparse, batch.analysis)
-        window.append(batch.to(device, non_blocking=True))
-        if len(window) > depth:
-            yield window.popleft()
-    while window:
-        yield window.popleft()
-
-
-def analyze_in_loader(backend: EmbeddingBackend, depth: int):
-    """The loader thread's share of the cache's work on each batch (None: nothing to do)."""
-    if depth <= 0 or type(backend).analyze is EmbeddingBackend.analyze:
-        return None
-
-    def transform(batch: Batch) -> Batch:
-        batch.analysis = backend.analyze(batch.sparse)
-        return batch
-
-    return transform
-
-
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4
 ) -> dict[str, float]:
+    """Metrics over one pass of ``stream`` (training's pipeline, without the look-ahead)."""
     model.eval()
     metrics = EvalMetrics(device)
-    batches = Prefetcher(stream.batches(), depth=depth, pin=device.type == "cuda")
-    try:
+    with Pipeline(stream.batches(), stream.layout, device, depth=depth, train=False) as batches:
         for i, batch in enumerate(batches):
             if 0 <= max_batches <= i:
                 break
-            batch = batch.to(device, non_blocking=True)
             metrics.update(model(batch.dense, batch.sparse), batch.labels)
-    finally:
-        batches.close()
     model.train()
     return metrics.compute()
 
@@ -205,6 +162,17 @@ def find_oracle(manifest: Manifest) -> float | None:
     return None
 
 
+def seconds_since_process_start() -> float:
+    """Wall time since this process started (the command, interpreter start-up included; 10 ms
+    resolution, from the kernel's process start time)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # no /proc (not Linux)
+        return math.nan
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train and evaluate as ``cfg`` says; returns the final summary (also written to the run dir)."""
     # torchrun: one GPU per local rank
@@ -216,14 +184,66 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         shutdown()
 
 
-def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, Any]:
+@dataclass
+class Run:
+    """What one training run is made of (built by :func:`setup`)."""
+
+    cfg: DictConfig
+    info: DistInfo
+    device: torch.device
+    run_dir: Path
+    manifest: Manifest
+    embeddings: EmbeddingBackend
+    model: DLRM
+    net: torch.nn.Module  # the model, DDP-wrapped under torchrun
+    opt: torch.optim.Optimizer
+    train_stream: ShardStream
+    val_stream: ShardStream
+    total_steps: int
+    log: JsonlLog
+    resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
+
+    def checkpoint(self, step: int) -> None:
+        self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
+        dense = {"model": self.model.dense_state_dict(), "optimizer": self.opt.state_dict()}
+        # recorded first: a run resumed from this checkpoint keeps the records up to this one.  A
+        # resume that did no step saves its own checkpoint again (putting an interrupted replace in
+        # order): its record is already the last one kept.
+        again = self.resume is not None and self.resume.step == step \
+            and self.resume.log_records(self.run_dir) is not None
+        if not again:
+            self.log.write("checkpoint", step=step, path=str(step_dir(self.run_dir, step)))
+        meta = checkpoint_meta(self.cfg, self.manifest, self.info.world_size, self.log.records)
+        save_checkpoint(self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank, meta)
+
+    def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
+        stream = self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
+        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches, self.cfg.data.prefetch_batches)
+        self.log.write("eval", step=step, split=split, **result)
+        return result
+
+    def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
+        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle)
+
+
+def make_stream(cfg: DictConfig, manifest: Manifest, info: DistInfo, device: torch.device, split: str,
+                batch_size: int, shuffle: bool = False) -> ShardStream:
+    """Training batches drop the last partial batch; evaluation keeps every row."""
+    train = split == "train"
+    return ShardStream(cfg.data.path, manifest, split, batch_size, shuffle, cfg.seed, info.rank, info.world_size,
+                       drop_last=train, key="data.batch_size" if train else "data.eval_batch_size",
+                       pin=device.type == "cuda")
+
+
+def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
     run_dir = Path(agree_on_config(cfg, info))
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
     manifest = Manifest.load(data_path)
+    manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    ckpt = open_resume(cfg, manifest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
-
     embeddings = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
         embeddings,
@@ -232,23 +252,19 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
         bottom_mlp=list(cfg.model.bottom_mlp),
         top_mlp=list(cfg.model.top_mlp),
         device=device,
+        precision=cfg.precision,
+        compile=cfg.compile,
     )
-    opt = build_dense_optimizer(cfg, model.dense_parameters())
+    set_matmul_precision(cfg.precision, device)
+    opt = build_dense_optimizer(cfg, model.dense_parameters(), device)
     # Dense layers are data-parallel: DDP averages their gradients over ranks every step.
     net: torch.nn.Module = model
     if info.distributed:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-
-    train_stream = ShardStream(
-        data_path, manifest, "train", cfg.data.batch_size, cfg.data.shuffle, cfg.seed,
-        info.rank, info.world_size, drop_last=True,
-    )
-    val_stream = ShardStream(
-        data_path, manifest, "val", cfg.data.eval_batch_size, False, cfg.seed,
-        info.rank, info.world_size, drop_last=False, key="data.eval_batch_size",
-    )
+    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle)
+    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size)
     steps_per_epoch = len(train_stream)
     if steps_per_epoch == 0:
         raise ValueError(
@@ -258,142 +274,167 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps >= 0:
         total_steps = min(total_steps, cfg.max_steps)
+    log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main,
+                   keep=ckpt.log_records(run_dir) if ckpt is not None else None)
+    return Run(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
+               total_steps, log, ckpt)
 
-    step = 0
-    if cfg.resume:
-        ckpt = Checkpoint(find_checkpoint(cfg.resume))
-        if ckpt.dense["data"]["batch_size"] != cfg.data.batch_size:
-            raise ValueError(
-                f"resume={ckpt.path}: written with data.batch_size={ckpt.dense['data']['batch_size']}, "
-                f"now {cfg.data.batch_size}; the data position would not match"
-            )
-        model.load_dense_state_dict(ckpt.dense["model"])
-        opt.load_state_dict(ckpt.dense["optimizer"])
-        if embeddings.state_keys():
-            embeddings.import_tables(ckpt.tables(embeddings.state_keys()))
-        step = int(ckpt.dense["step"])
-        if info.is_main:
-            log.info("resumed from %s at step %d", ckpt.path, step)
 
-    metrics_log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main)
-    lookahead = int(getattr(embeddings, "lookahead", 0))
-    oracle = find_oracle(manifest)
+def restore(run: Run) -> int:
+    """Load the checkpoint ``cfg.resume`` named into the run; the step to continue from (0: a fresh run)."""
+    ckpt = run.resume
+    if ckpt is None:
+        return 0
+    run.model.load_dense_state_dict(ckpt.dense["model"])
+    run.opt.load_state_dict(ckpt.dense["optimizer"])
+    if run.embeddings.state_keys():
+        run.embeddings.import_tables(ckpt.tables(run.embeddings.state_keys()))
+    if run.info.is_main:
+        log.info("resumed from %s at step %d", ckpt.path, ckpt.step)
+    return ckpt.step
+
+
+class Throughput:
+    """Training samples per second between log lines: only time spent in steps counts.
+
+    The clock is read after the device has finished the steps (the loss readback waits for them);
+    evaluation and checkpoints in between are excluded with :meth:`pause`.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0  # training time so far
+        self.samples = 0  # training samples so far (all ranks)
+        self._t0 = time.perf_counter()
+        self._samples0 = 0
+
+    def pause(self) -> "_Paused":
+        return _Paused(self)
+
+    def lap(self) -> float:
+        """Samples/s since the last lap (call after a device sync); adds the interval to ``seconds``."""
+        now = time.perf_counter()
+        elapsed = now - self._t0
+        self.seconds += elapsed
+        rate = (self.samples - self._samples0) / max(elapsed, 1e-9)
+        self._t0, self._samples0 = now, self.samples
+        return rate
+
+
+class _Paused:
+    def __init__(self, clock: Throughput) -> None:
+        self.clock = clock
+
+    def __enter__(self) -> None:
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.clock._t0 += time.perf_counter() - self.t
+
+
+def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, float]:
+    """The step loop, from ``step`` to ``run.total_steps``: returns the last step, the throughput
+    clock, the embedding counters and the seconds from the command to the first step."""
+    cfg, info, model, embeddings = run.cfg, run.info, run.model, run.embeddings
+    steps_per_epoch = len(run.train_stream)
+    bar = tqdm(total=run.total_steps, initial=step, disable=not (cfg.progress and info.is_main),
+               unit="step", dynamic_ncols=True)
+    clock, totals, startup_s = Throughput(), StatsTotals(), math.nan
+    interval = StatsTotals()  # the cache's counters since the last train record
+    # summed on the device: a .item() per step would make the host wait for every step
+    loss_sum, loss_n = torch.zeros((), device=run.device), 0
+    model.train()
+    while step < run.total_steps:
+        epoch, start = divmod(step, steps_per_epoch)
+        with Pipeline(run.train_stream.batches(epoch, start), run.train_stream.layout, run.device, embeddings,
+                      cfg.data.prefetch_batches, cfg.data.analysis_threads) as pipeline:
+            for batch in pipeline:
+                if math.isnan(startup_s):
+                    startup_s = seconds_since_process_start()
+                    run.log.write("first_step", step=step, startup_s=startup_s)
+                set_learning_rates(model, run.opt, cfg, step)
+                logits = run.net(batch.dense, batch.sparse)
+                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+                run.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                run.opt.step()
+                step += 1
+                clock.samples += batch.size * info.world_size
+                loss_sum += loss.detach()
+                loss_n += 1
+                if step % cfg.log_every == 0 or step == run.total_steps:
+                    mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
+                    rate = clock.lap()
+                    interval.add(embeddings.stats())
+                    emb_stats, interval = interval.result(), StatsTotals()
+                    totals.add(emb_stats)
+                    run.log.write("train", step=step, epoch=epoch, loss=mean_loss, samples_per_s=rate, **emb_stats)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
+                    loss_sum.zero_()
+                    loss_n = 0
+                bar.update(1)
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < run.total_steps:
+                    with clock.pause():
+                        # the cache's counters so far are training's; evaluation's lookups are not
+                        interval.add(embeddings.stats())
+                        result = run.evaluate(step)
+                        embeddings.stats()
+                    if info.is_main:
+                        bar.write(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < run.total_steps:
+                    with clock.pause():
+                        run.checkpoint(step)
+                if step >= run.total_steps:
+                    break
+        if loss_n:  # the tail since the last log line still counts towards throughput
+            loss_sum.item()  # the steps have finished on the device
+            clock.lap()
+            loss_sum.zero_()
+            loss_n = 0
+    bar.close()
+    return step, clock, totals, startup_s
+
+
+def summarize(run: Run, step: int, clock: Throughput, totals: StatsTotals, startup_s: float) -> dict[str, Any]:
+    """Final checkpoint and evaluation; the summary (written to the run dir, printed as a table)."""
+    run.checkpoint(step)
+    final = run.evaluate(step)
+    summary: dict[str, Any] = {
+        "steps": step,
+        "train_samples": clock.samples,
+        "train_seconds": round(clock.seconds, 3),
+        "train_samples_per_s": clock.samples / clock.seconds if clock.seconds > 0 else math.nan,
+        "startup_s": round(startup_s, 3),
+        **{f"val_{k}": v for k, v in final.items()},
+    }
+    oracle = find_oracle(run.manifest)
+    if oracle is not None:
+        summary["oracle_auc"] = oracle
+    if run.cfg.test and "test" in run.manifest.splits:
+        summary.update({f"test_{k}": v for k, v in run.evaluate(step, "test").items()})
+    if run.info.distributed:  # every rank's cache serves its own tables: add them up
+        everyone: list = [None] * run.info.world_size
+        torch.distributed.all_gather_object(everyone, totals)
+        totals = totals.combine(everyone)
+    summary.update({f"embedding_{k}": v for k, v in totals.result().items()})
+    run.log.write("summary", **summary)
+    if run.info.is_main:
+        atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+        # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
+        shown = [(k, v) for k, v in summary.items() if "/" not in k]
+        print(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
+    return summary
+
+
+def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, Any]:
+    run = setup(cfg, device, info)
+    step = restore(run)
     if info.is_main:
         log.info(
             "run dir %s | %d tables, %s rows | %d steps of %d | embedding=%s",
-            run_dir, len(manifest.table_sizes), f"{sum(manifest.table_sizes):,}",
-            total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
+            run.run_dir, len(run.manifest.table_sizes), f"{sum(run.manifest.table_sizes):,}",
+            run.total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
         )
-    metrics_log.write("start", step=step, total_steps=total_steps, world_size=info.world_size,
-                      config=OmegaConf.to_container(cfg, resolve=True))
-
-    def checkpoint(at: int) -> None:
-        embeddings.flush()  # cached rows and their optimizer state back into the full tables
-        dense = {
-            "model": model.dense_state_dict(), "optimizer": opt.state_dict(), "step": at,
-            "data": {"batch_size": cfg.data.batch_size, "epoch": at // steps_per_epoch,
-                     "batch_in_epoch": at % steps_per_epoch, "seed": cfg.seed},
-            "world_size": info.world_size,
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
-        path = save_checkpoint(run_dir, at, dense, embeddings.export_tables(), info.rank)
-        metrics_log.write("checkpoint", step=at, path=str(path))
-
-    def run_eval(at: int) -> dict[str, float]:
-        result = evaluate(net, val_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
-        metrics_log.write("eval", step=at, split="val", **result)
-        return result
-
-    bar = tqdm(total=total_steps, initial=step, disable=not (cfg.progress and info.is_main),
-               unit="step", dynamic_ncols=True)
-    samples, train_time, loss_n = 0, 0.0, 0
-    # summed on the device: a .item() per step would make the host wait for every step
-    loss_sum = torch.zeros((), device=device)
-    emb_totals = StatsTotals()
-    last_eval: dict[str, float] = {}
-    model.train()
-    while step < total_steps:
-        epoch, start = divmod(step, steps_per_epoch)
-        reader = Prefetcher(train_stream.batches(epoch, start), cfg.data.prefetch_batches,
-                            pin=device.type == "cuda", transform=analyze_in_loader(embeddings, lookahead),
-                            workers=cfg.data.analysis_threads)
-        try:
-            t0 = time.perf_counter()
-            for batch in lookahead_window(reader, embeddings, lookahead, device):
-                set_learning_rates(model, opt, cfg, step)
-                logits = net(batch.dense, batch.sparse)
-                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                step += 1
-                samples += batch.size * info.world_size
-                loss_sum += loss.detach()
-                loss_n += 1
-                if step % cfg.log_every == 0 or step == total_steps:
-                    mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
-                    elapsed = time.perf_counter() - t0
-                    train_time += elapsed
-                    rate = loss_n * batch.size * info.world_size / max(elapsed, 1e-9)
-                    emb_stats = embeddings.stats()
-                    emb_totals.add(emb_stats)
-                    record = {"loss": mean_loss, "samples_per_s": rate, **emb_stats}
-                    metrics_log.write("train", step=step, epoch=epoch, **record)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{rate:,.0f}")
-                    loss_sum.zero_()
-                    loss_n, t0 = 0, time.perf_counter()
-                bar.update(1)
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
-                    t_eval = time.perf_counter()
-                    last_eval = run_eval(step)
-                    if info.is_main:
-                        bar.write(f"step {step}: val auc {last_eval['auc']:.4f} "
-                                  f"logloss {last_eval['logloss']:.4f}")
-                    t0 += time.perf_counter() - t_eval  # evaluation is not training time
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
-                    t_ck = time.perf_counter()
-                    checkpoint(step)
-                    t0 += time.perf_counter() - t_ck
-                if step >= total_steps:
-                    break
-            if loss_n:  # the tail since the last log line still counts towards throughput
-                loss_sum.item()  # the steps have finished on the device
-                train_time += time.perf_counter() - t0
-                loss_sum.zero_()
-                loss_n = 0
-        finally:
-            reader.close()
-            embeddings.cancel_prefetch()  # batches fetched ahead past max_steps are never trained
-    bar.close()
-
-    checkpoint(step)
-    final = run_eval(step)
-    summary: dict[str, Any] = {
-        "steps": step,
-        "train_samples": samples,
-        "train_seconds": round(train_time, 3),
-        "train_samples_per_s": samples / train_time if train_time > 0 else math.nan,
-        **{f"val_{k}": v for k, v in final.items()},
-    }
-    if oracle is not None:
-        summary["oracle_auc"] = oracle
-    if cfg.test and "test" in manifest.splits:
-        test_stream = ShardStream(data_path, manifest, "test", cfg.data.eval_batch_size, False,
-                                  cfg.seed, info.rank, info.world_size, drop_last=False,
-                                  key="data.eval_batch_size")
-        test = evaluate(net, test_stream, device, cfg.eval_batches, cfg.data.prefetch_batches)
-        metrics_log.write("eval", step=step, split="test", **test)
-        summary.update({f"test_{k}": v for k, v in test.items()})
-    if info.distributed:  # every rank's cache serves its own tables: add them up
-        everyone: list = [None] * info.world_size
-        torch.distributed.all_gather_object(everyone, emb_totals)
-        emb_totals = emb_totals.combine(everyone)
-    cache = emb_totals.result()
-    summary.update({f"embedding_{k}": v for k, v in cache.items()})
-    metrics_log.write("summary", **summary)
-    if info.is_main:
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-        # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
-        shown = [(k, v) for k, v in summary.items() if "/" not in k]
-        print(format_table(shown, title=f"dlrm-cache train: {run_dir}"))
-    return summary
+    run.log.write("start", step=step, total_steps=run.total_steps, world_size=info.world_size,
+                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    step, clock, totals, startup_s = train_steps(run, step)
+    return summarize(run, step, clock, totals, startup_s)

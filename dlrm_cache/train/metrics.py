@@ -9,13 +9,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
+
+from ..data.format import atomic_write_text
 
 
 class EvalMetrics:
     """AUC, log loss and accuracy over one pass of a split (reduced across ranks by torchmetrics)."""
 
     def __init__(self, device: torch.device) -> None:
+        # imported here: torchmetrics pulls in matplotlib (~1 s), which the training steps before the
+        # first evaluation do not need
+        from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
+
         self.auroc = BinaryAUROC().to(device)
         self.accuracy = BinaryAccuracy().to(device)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -45,12 +50,25 @@ class EvalMetrics:
 
 
 class JsonlLog:
-    """Appends one JSON object per line; only rank 0 writes."""
+    """Appends one JSON object per line; only rank 0 writes.
 
-    def __init__(self, path: Path, enabled: bool = True) -> None:
+    An existing log is continued: a last line cut short by a kill is dropped, and ``keep`` (a run
+    resumed into its own run directory: the records up to its checkpoint) drops the records of
+    the steps the run is about to redo, so each step is recorded once.  ``records`` counts lines.
+    """
+
+    def __init__(self, path: Path, enabled: bool = True, keep: int | None = None) -> None:
         self.path = path
         self.enabled = enabled
         self.t0 = time.time()
+        self.records = 0
+        if enabled and path.exists():
+            text = path.read_text()
+            lines = text.splitlines(keepends=True)
+            kept = [line for line in lines[:keep] if line.endswith("\n")]
+            if len(kept) != len(lines):
+                atomic_write_text(path, "".join(kept))
+            self.records = len(kept)
 
     def write(self, kind: str, **fields) -> None:
         if not self.enabled:
@@ -58,6 +76,7 @@ class JsonlLog:
         record = {"kind": kind, "time": round(time.time() - self.t0, 3), **fields}
         with open(self.path, "a") as f:
             f.write(json.dumps(record, default=_plain) + "\n")
+        self.records += 1
 
 
 def _plain(x):

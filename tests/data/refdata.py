@@ -18,7 +18,7 @@ from dlrm_cache.data.config import PreprocessConfig, SynthConfig
 from dlrm_cache.data.format import DENSE_NAMES, LABEL, MISSING_ID, SPARSE_NAMES, Manifest
 from dlrm_cache.data.synth import synth
 
-_INT = re.compile(r"-?[0-9]{1,18}")
+_INT = re.compile(r"-?[0-9]+")  # and the value fits in int64
 _HEX = re.compile(r"[0-9a-fA-F]{1,8}")
 
 # Hand-written odd lines: (text, reason or None if valid).  Ids chosen to also appear in synth data
@@ -84,6 +84,8 @@ def ref_parse(paths: list[Path]) -> tuple[list[list[RefLine]], dict[str, int], l
         if lines and lines[-1] == "":
             lines.pop()  # the final newline ends the last line
         lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        if lines and lines[0].startswith("\xef\xbb\xbf"):  # a UTF-8 byte order mark (as latin-1)
+            lines[0] = lines[0][3:]
         sizes.append(len(lines))
         out = []
         for k, line in enumerate(lines):
@@ -100,12 +102,15 @@ def ref_parse(paths: list[Path]) -> tuple[list[list[RefLine]], dict[str, int], l
 
 
 def _ref_reason(line: str) -> str | None:
+    """``line``: one line's bytes as latin-1 text (one character per byte)."""
+    if len(line) > 64 * 1024:
+        return "line too long"
     x = line.split("\t")
     if len(x) != 40:
         return "wrong field count"
     if x[0] not in ("0", "1"):
         return "label not 0/1"
-    if any(v and not _INT.fullmatch(v) for v in x[1:14]):
+    if any(v and not (_INT.fullmatch(v) and -(2**63) <= int(v) < 2**63) for v in x[1:14]):
         return "non-integer in an integer field"
     if any(v and not _HEX.fullmatch(v) for v in x[14:]):
         return "categorical not 1-8 hex digits"

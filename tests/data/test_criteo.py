@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import math
+import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +96,102 @@ def test_count_lines_edge_cases(tmp_path: Path) -> None:
     for data, n in [(b"", 0), (b"a", 1), (b"a\n", 1), (b"\n\n", 2), (b"a\nb", 2)]:
         (tmp_path / "f").write_bytes(data)
         assert criteo.count_lines(tmp_path / "f") == n
+
+
+# Values pyarrow's own int64 parser takes or refuses differently from the policy: a line's verdict
+# must be the same whatever else its block holds (here: nothing else bad, or a bad line beside it).
+BORDERLINE = [
+    (GOOD.replace("\t5\t", "\t 5\t", 1), "non-integer in an integer field"),
+    (GOOD.replace("\t5\t", "\t5 \t", 1), "non-integer in an integer field"),
+    (GOOD.replace("\t5\t", "\t0x5\t", 1), "non-integer in an integer field"),
+    (GOOD.replace("\t5\t", "\t9223372036854775808\t", 1), "non-integer in an integer field"),  # int64 max + 1
+    (GOOD.replace("\t5\t", "\t9223372036854775807\t", 1), None),  # int64 max
+    (GOOD.replace("\t5\t", "\t-9223372036854775808\t", 1), None),  # int64 min
+    (GOOD.replace("\t5\t", "\t-0000000000000000000000005\t", 1), None),
+]
+
+
+@pytest.mark.parametrize("line,reason", BORDERLINE)
+@pytest.mark.parametrize("neighbour", [GOOD, GOOD.replace("\t5\t", "\tx\t", 1)])
+def test_acceptance_is_a_property_of_the_line(line: str, reason: str | None, neighbour: str) -> None:
+    p = criteo.parse_block("\n".join([GOOD, line, neighbour]).encode())
+    verdict = dict(zip(p.bad_lines.tolist(), p.bad_reasons))
+    assert verdict.get(1) == reason
+    assert (1 in p.lines.tolist()) == (reason is None)
+
+
+def test_pyarrow_int64_parser_is_the_policy_on_plain_bytes() -> None:
+    """The fast path's premise (criteo._plain): on the bytes of valid lines, pyarrow's own int64
+    conversion accepts exactly an optional '-' and digits that fit in int64, with their value."""
+    rng = random.Random(0)
+    alphabet = "0123456789abcdefABCDEF-"
+    values = {"".join(rng.choice(alphabet) if rng.random() < 0.3 else rng.choice("0123456789")
+                      for _ in range(rng.randint(1, 22))) for _ in range(600)}
+    values |= {"-", "--1", "1-", "-0", "007", "9223372036854775807", "9223372036854775808",
+               "-9223372036854775808", "-9223372036854775809", "0" * 30 + "5", "1e5", "0b1"}
+    lines = [GOOD.replace("\t5\t", f"\t{v}\t", 1) for v in sorted(values)]
+    data = "\n".join(lines).encode()
+    fast = criteo.parse_block(data)  # typed where pyarrow converts the block, else per value
+    for k, v in enumerate(sorted(values)):
+        one = criteo.parse_block(lines[k].encode() + b"\n")
+        ok = re.fullmatch(r"-?[0-9]+", v) is not None and -(2**63) <= int(v) < 2**63
+        assert (len(one.lines) == 1) == ok, v
+        if ok:
+            assert one.dense[0, 0] == np.float32(np.log1p(max(int(v), 0))), v
+    assert len(fast.lines) == sum(re.fullmatch(r"-?[0-9]+", v) is not None and -(2**63) <= int(v) < 2**63
+                                  for v in values)
+
+
+def test_any_bytes_are_a_bad_line_not_a_crash() -> None:
+    odd = [
+        (GOOD.replace("\t5\t", "\t\xff5\t", 1).encode("latin-1"), "non-integer in an integer field"),
+        (b"\xff\xfe\x00junk\t1\t2", "wrong field count"),  # non-UTF-8 *and* the wrong field count
+        (GOOD.replace("0000000a", "0000\x00\x00\xe9a", 1).encode("latin-1"), "categorical not 1-8 hex digits"),
+        (b"\x00" * 50, "wrong field count"),
+        ("\xe9".encode("latin-1") + GOOD.encode()[1:], "label not 0/1"),
+    ]
+    data = b"\n".join([GOOD.encode(), *(o for o, _ in odd), GOOD.encode()]) + b"\n"
+    p = criteo.parse_block(data)
+    assert p.lines.tolist() == [0, len(odd) + 1]
+    assert list(zip(p.bad_lines.tolist(), p.bad_reasons)) == [(k + 1, r) for k, (_, r) in enumerate(odd)]
+
+
+@pytest.mark.parametrize("chunk_bytes", [100, 4096, 1 << 20])
+def test_over_long_line_is_skipped_and_never_held_whole(tmp_path: Path, chunk_bytes: int) -> None:
+    huge = b"1\t" + b"7" * (10 << 20)  # a 10 MB line: too long for pyarrow's blocks too
+    wide = GOOD.replace("0000000a", "a" * (criteo.MAX_LINE_BYTES + 1), 1).encode()  # 40 fields, too long
+    lines = [GOOD.encode(), huge, GOOD.encode(), wide, GOOD.encode(), huge]  # the last without newline
+    (tmp_path / "f").write_bytes(b"\n".join(lines))
+    assert criteo.count_lines(tmp_path / "f") == 6
+    good, bad, biggest = [], [], 0
+    for block, parsed in criteo.read_file(tmp_path / "f", chunk_bytes):
+        good += parsed.lines.tolist()
+        bad += list(zip(parsed.bad_lines.tolist(), parsed.bad_reasons))
+        biggest = max(biggest, len(block.data))
+    assert good == [0, 2, 4]
+    assert bad == [(1, "line too long"), (3, "line too long"), (5, "line too long")]
+    if chunk_bytes < 4096:  # a long line ends every block: it is cut, not read whole
+        assert biggest <= chunk_bytes + criteo.MAX_LINE_BYTES + 3
+
+
+def test_line_ends_and_byte_order_mark() -> None:
+    p = criteo.parse_block(b"\xef\xbb\xbf" + (GOOD + "\r\n" + GOOD + "\r\n").encode())
+    assert p.lines.tolist() == [0, 1] and len(p.bad_lines) == 0
+    # Only at the start of a file: elsewhere the mark is part of the label field.
+    p = criteo.parse_block(b"\xef\xbb\xbf" + GOOD.encode(), first_line=5)
+    assert p.bad_reasons == ["label not 0/1"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_damaged_gzip_names_the_file(tmp_path: Path, damage: str) -> None:
+    data = gzip.compress(("\n".join([GOOD] * 5000) + "\n").encode())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data = data[:20] + bytes(b ^ 0x5A for b in data[20:200]) + data[200:]
+    path = tmp_path / "day_0.gz"
+    path.write_bytes(data)
+    with pytest.raises(criteo.InputError, match=f"{path}: truncated or corrupt gzip"):
+        criteo.count_lines(path)
+    with pytest.raises(criteo.InputError, match=f"{path}: truncated or corrupt gzip"):
+        list(criteo.read_file(path, 1 << 12))

@@ -85,3 +85,53 @@ def test_prefetcher_close_does_not_hang():
     t = time.perf_counter()
     p.close()
     assert time.perf_counter() - t < 5
+
+
+def _reference_batches(root: Path, m: Manifest, split: str, batch: int, shuffle: bool, seed: int,
+                       epoch: int, rank: int, world: int, drop_last: bool):
+    """The stream's definition, written the plain way (the row-major loader before columnar
+    decoding): shards in a seeded order, each shard's rows permuted by its own seed, concatenated;
+    global batch k = rows [kB, (k+1)B); rank r takes rows [n*r//W, n*(r+1)//W) of it."""
+    info = m.splits[split]
+    order = np.random.default_rng([seed, epoch, 0xD1]).permutation(len(info.shards)) if shuffle else range(len(info.shards))
+    rows = []
+    for idx in order:
+        t = pq.read_table(root / info.shards[idx])
+        r = np.stack([t.column(c).to_numpy().astype(np.float64)
+                      for c in ["label", *m.dense_names, *m.sparse_names]], axis=1)
+        if shuffle:
+            r = r[np.random.default_rng([seed, epoch, int(idx)]).permutation(len(r))]
+        rows.append(r)
+    stream = np.concatenate(rows)
+    ends = range(batch, len(stream) + 1, batch) if drop_last else range(batch, len(stream) + batch, batch)
+    for end in ends:
+        g = stream[end - batch: min(end, len(stream))]
+        n = len(g)
+        yield g[(n * rank) // world: (n * (rank + 1)) // world]
+
+
+@pytest.mark.parametrize("split,batch,shuffle,world,drop_last", [
+    ("train", 256, True, 1, True), ("train", 333, True, 3, True), ("train", 700, False, 2, True),
+    ("val", 1999, False, 2, False), ("val", 512, True, 3, False),
+])
+def test_stream_matches_the_reference_definition_batch_by_batch(small_dataset: Path, split, batch, shuffle,
+                                                                world, drop_last):
+    m = Manifest.load(small_dataset)
+    for epoch, resume in [(0, False), (1, False), (1, True)]:
+        for rank in range(world):
+            want = list(_reference_batches(small_dataset, m, split, batch, shuffle, 7, epoch, rank, world,
+                                           drop_last))
+            start = len(want) // 2 if resume else 0  # mid-epoch, mostly inside a shard
+            stream = ShardStream(small_dataset, m, split, batch, shuffle, seed=7, rank=rank, world_size=world,
+                                 drop_last=drop_last)
+            got, want = list(stream.batches(epoch, start)), want[start:]
+            assert len(got) == len(want) > 0
+            for g, w in zip(got, want):
+                assert g.sparse.values().dtype == torch.int32
+                assert g.sparse.stride() == len(w)
+                assert g.sparse.keys() == m.sparse_names
+                np.testing.assert_array_equal(g.labels.numpy(), w[:, 0])
+                np.testing.assert_array_equal(g.dense.numpy(), w[:, 1:14])
+                # feature-major values: feature f's ids over the batch are one slice
+                np.testing.assert_array_equal(g.sparse.values().view(len(m.sparse_names), -1).numpy(), w[:, 14:].T)
+                np.testing.assert_array_equal(g.sparse.offsets().numpy(), np.arange(w[:, 14:].size + 1))

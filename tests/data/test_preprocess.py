@@ -212,6 +212,15 @@ def test_crash_mid_run_then_recover(raw_small: Path, tmp_path: Path, monkeypatch
     assert Manifest.load(out) == m
     _no_temp_files(out)
 
+    # A kill while *replacing* it, between moving the old dataset aside and renaming the new one
+    # in: the next run puts the old one back (and finds it up to date) instead of deleting it.
+    from dlrm_cache.data.format import aside_path
+
+    out.rename(aside_path(out))
+    (tmp_path / ".ds.tmp-999999" / "train").mkdir(parents=True)
+    assert pp.preprocess(pp_config(raw_small, out)) == m
+    _no_temp_files(out)
+
     # A crash while *replacing* a complete dataset leaves the old one intact.
     monkeypatch.setattr(pp, "_write_shard", crash_after_first)
     calls.clear()

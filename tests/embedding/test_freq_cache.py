@@ -18,7 +18,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm_cache.embedding.base import SparseOptim, TableSpec, same_batch
+from dlrm_cache.embedding.base import SparseOptim, TableSpec, takes_prefetched
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table, predict_hit_rate
 from dlrm_cache.embedding.freq_cache.plan import WINDOW_SIGMAS, cache_layout
@@ -210,20 +210,20 @@ def test_flush_with_prefetched_batches_keeps_their_updates():
     assert_tables_equal(cache.export_tables(), host.export_tables())
 
 
-def test_evaluation_forward_never_takes_a_prefetched_training_batch():
-    """On the GPU a prefetched batch is matched to its device copy by per-feature lengths, which a
-    same-sized evaluation batch shares; grad mode tells them apart (meta tensors stand in for CUDA)."""
-    def kjt():
-        return KeyedJaggedTensor(keys=["a", "b"], values=torch.empty(6, dtype=torch.int64, device="meta"),
-                                 lengths=torch.ones(6, dtype=torch.int64, device="meta"), stride=3,
-                                 length_per_key=[3, 3])
+def test_forward_takes_prefetched_batches_in_order_and_evaluation_never_takes_a_training_one():
+    """FIFO by contract (meta tensors stand in for CUDA: nothing is compared but the shape)."""
+    def kjt(stride=3):
+        return KeyedJaggedTensor(keys=["a", "b"], values=torch.empty(2 * stride, dtype=torch.int64, device="meta"),
+                                 lengths=torch.ones(2 * stride, dtype=torch.int64, device="meta"), stride=stride,
+                                 length_per_key=[stride, stride])
 
     prefetched, copy = kjt(), kjt()
-    assert same_batch(prefetched, True, copy)
+    assert takes_prefetched(prefetched, True, copy)
     with torch.no_grad():
-        assert not same_batch(prefetched, True, copy)  # evaluation: an ad-hoc batch
-        assert same_batch(prefetched, False, copy)  # prefetched for evaluation
-        assert same_batch(prefetched, True, prefetched)  # the object itself
+        assert not takes_prefetched(prefetched, True, copy)  # evaluation: an ad-hoc batch
+        assert takes_prefetched(prefetched, False, copy)  # prefetched for evaluation
+    with pytest.raises(RuntimeError, match="order they were prefetched"):
+        takes_prefetched(prefetched, True, kjt(stride=4))
 
 
 def test_prefetch_host_batch_forward_device_copy_is_matched():

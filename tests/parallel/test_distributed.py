@@ -138,7 +138,7 @@ def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
     runs = [p.parent for p in (tmp_path / "runs" / "train").rglob("metrics.jsonl")]
     assert len(runs) == 1, runs
     assert res.stdout.count("dlrm-cache train:") == 1  # the summary table, from rank 0 only
-    assert (runs[0] / "checkpoints" / "latest").is_file()
+    assert (runs[0] / "checkpoints" / "step_00000006" / "meta.json").is_file()
     assert {p.name for p in runs[0].glob("*.log")} == {"train.log", "train-rank1.log"}
     assert "embedding placement (2 ranks)" in (runs[0] / "train.log").read_text()
 
@@ -158,8 +158,8 @@ def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, t
 
 
 def test_sharded_forward_consumes_its_prefetched_batch(tmp_path: Path):
-    """The trainer prefetches the host batch and runs forward on a copy (``Batch.to`` makes new
-    KJTs even on the CPU): forward must take the prefetched ids exchange, not redo it, and the
+    """A training forward takes the oldest prefetched batch (FIFO), also when it is another KJT
+    object holding that batch: forward must take the prefetched ids exchange, not redo it, and the
     pending queue must not grow with every step.  One gloo rank, in process."""
     import torch.distributed as dist
 

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from dlrm_cache.config import config_dir, register_configs
 from dlrm_cache.train.checkpoint import Checkpoint
-from dlrm_cache.train.loop import train
+from dlrm_cache.train.loop import seconds_since_process_start, train
 
 
 def compose_train(overrides: list[str]):
@@ -40,8 +40,12 @@ def test_train_beats_chance_and_writes_run_dir(small_dataset: Path, tmp_path: Pa
     kinds = [r["kind"] for r in records]
     assert kinds[0] == "start" and kinds[-1] == "summary"
     assert sum(1 for r in records if r["kind"] == "eval" and r["split"] == "val") == 3  # steps 40, 80, end
-    assert (run / "checkpoints" / "latest").is_file()
+    assert (run / "checkpoints" / f"step_{summary['steps']:08d}" / "meta.json").is_file()
     assert json.loads((run / "summary.json").read_text())["steps"] == summary["steps"]
+    # start-up: from the process start to the first step, inside this (longer-lived) process's age
+    first = [r for r in records if r["kind"] == "first_step"]
+    assert len(first) == 1 and first[0]["step"] == 0
+    assert 0 < summary["startup_s"] == round(first[0]["startup_s"], 3) < seconds_since_process_start()
 
 
 def _params(ckpt: Path) -> dict[str, torch.Tensor]:

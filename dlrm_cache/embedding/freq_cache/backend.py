@@ -37,11 +37,9 @@ Step protocol (what the trainer does)
     training loop does (forward, backward, optimizer step, next batch).  ``forward`` without a prior
     prefetch (evaluation, ``lookahead=0``) prepares the batch synchronously.
 
-    ``forward`` consumes the oldest prefetched batch when the given KJT is the same object, or has
-    the same keys and number of ids (and, when both are on the CPU, equal ids and lengths) -- so the
-    trainer may prefetch the host batch and run forward on its device copy.  Anything else is an
-    ad-hoc batch (evaluation between training steps) and leaves the window alone unless it needs
-    the space.
+    ``forward`` consumes the oldest prefetched batch (FIFO, see ``EmbeddingBackend``): a forward
+    under grad always, a no_grad forward only a batch prefetched under no_grad.  An ad-hoc batch
+    (evaluation between training steps) leaves the window alone unless it needs the space.
 
 Overflow
     A batch whose rows do not fit next to the pinned window is *deferred* (the window shrinks; later
@@ -69,7 +67,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, same_batch, shared_dim
+from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim, takes_prefetched
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
 from .plan import cache_layout
@@ -107,6 +105,8 @@ class _Batch:
 
 
 class FreqCacheBackend(EmbeddingBackend):
+    uses_counts = True
+
     def __init__(
         self,
         tables: list[TableSpec],
@@ -256,7 +256,7 @@ class FreqCacheBackend(EmbeddingBackend):
         self._retire()
         t0 = time.perf_counter()
         train = torch.is_grad_enabled()
-        if self._queue and same_batch(self._queue[0].kjt, self._queue[0].train, features):
+        if self._queue and takes_prefetched(self._queue[0].kjt, self._queue[0].train, features):
             batch = self._queue.popleft()
             if train and not batch.train:  # prefetched under no_grad, trained on after all
                 batch.train = True

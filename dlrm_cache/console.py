@@ -1,0 +1,80 @@
+"""A clean console: the known, harmless third-party messages are dropped where they are emitted.
+
+Each entry names one message (a regex anchored at its start), the logger or warning category that
+carries it, and why it is harmless.  Everything else, including other messages of the same loggers
+and categories, still shows.  ``quiet_known_noise()`` runs before any command imports torch or
+fbgemm (cli.main), because the fbgemm message is logged while ``fbgemm_gpu`` is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LogNoise:
+    logger: str  # the logger the record is emitted on ("root": fbgemm calls logging.warning)
+    message: str  # regex matched at the start of the message, leading whitespace/colour codes skipped
+    why: str
+
+
+@dataclass(frozen=True)
+class WarningNoise:
+    category: type[Warning]
+    message: str  # regex matched at the start of the warning text (warnings.filterwarnings semantics)
+    why: str
+
+
+LOG_NOISE = (
+    LogNoise(
+        "root", r"_fbgemm_torch_compat_table has no entry for ",
+        "fbgemm_gpu/__init__.py: fbgemm-gpu 1.6.0's own version table stops at 1.5, so every library it "
+        "loads (4-14 per process) warns that it cannot check the torch pairing; the pair is pinned "
+        "(torch 2.11 + fbgemm-gpu 1.6.0) and a real mismatch fails at import with undefined symbols",
+    ),
+    LogNoise(
+        "torch.fx._symbolic_trace", r"is_fx_tracing will return true for both fx\.symbolic_trace",
+        "torch deprecation notice triggered inside torchrec (modules/regroup.py) at the first forward; "
+        "nothing to change in dlrm-cache",
+    ),
+)
+
+WARNING_NOISE = (
+    WarningNoise(
+        UserWarning, r"TBE B200 optimization: ",
+        "fbgemm-gpu 1.6.0's backward kernels (gen_embedding_backward_*_cuda.cu) TORCH_WARN whether a "
+        "B200-only tuning applies, at the first backward on any GPU; informational",
+    ),
+)
+
+# fbgemm wraps its message in newlines, indentation and ANSI colour codes
+_LEADING_NOISE = re.compile(r"^(?:\s|\x1b\[[0-9;]*m)*")
+
+
+class KnownMessageFilter(logging.Filter):
+    """Drops the records of one logger whose message starts with one of ``patterns``."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = _LEADING_NOISE.sub("", record.getMessage(), count=1)
+        return not any(p.match(text) for p in self.patterns)
+
+
+def quiet_known_noise() -> None:
+    """Install the filters for LOG_NOISE and WARNING_NOISE (idempotent)."""
+    by_logger: dict[str, list[str]] = {}
+    for n in LOG_NOISE:
+        by_logger.setdefault(n.logger, []).append(n.message)
+    for name, patterns in by_logger.items():
+        logger = logging.getLogger(None if name == "root" else name)
+        for old in [f for f in logger.filters if isinstance(f, KnownMessageFilter)]:
+            logger.removeFilter(old)
+        logger.addFilter(KnownMessageFilter(patterns))
+    for w in WARNING_NOISE:
+        warnings.filterwarnings("ignore", message=w.message, category=w.category)

@@ -1,0 +1,104 @@
+"""Allowed values of config fields, declared next to the fields and checked in one place.
+
+Types and choices are checked by OmegaConf when Hydra composes a config (choice fields are
+:class:`Choice` enums).  Ranges are declared on the schema's field::
+
+    batch_size: int = checked(2048, ge=1)
+    ratios: list[float] = checked(factory=lambda: [0.01], gt=0, le=1)   # every element
+
+and :func:`validate`, which the dispatcher calls right after composition for every command, checks
+every declared range of the composed config (OmegaConf does not run ``__post_init__``), so a bad
+value stops the command with one line naming the key before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+_RANGE = "dlrm_cache.range"  # the dataclass field metadata key
+
+
+class ConfigError(ValueError):
+    """A config value out of its declared range; the message names the key."""
+
+
+class Choice(str, Enum):
+    """A choice field's values.  A ``str`` too, so code compares and formats it as its value; member
+    names must equal their values (OmegaConf takes overrides by name).  A config saved as data
+    (a checkpoint loaded with weights_only=True) must hold the plain values:
+    ``OmegaConf.to_container(cfg, enum_to_str=True)``."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a value (or each element of a list value) must satisfy."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    also: tuple[Any, ...] = ()  # special values allowed outside the range, e.g. -1 for "all"
+    pattern: str | None = None  # strings: a full match of this regex
+    nonempty: bool = False  # lists: at least one element
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed, or None."""
+        if isinstance(value, (list, tuple, ListConfig)):
+            if self.nonempty and len(value) == 0:
+                return "must not be empty"
+            for v in value:
+                if (p := self.problem(v)) is not None:
+                    return f"element {v!r} {p}"
+            return None
+        if value is None or value in self.also:
+            return None
+        if self.pattern is not None:
+            return None if re.fullmatch(self.pattern, str(value)) else f"must match {self.pattern}"
+        bounds = [(op, cmp, b) for op, cmp, b in ((">=", operator.ge, self.ge), (">", operator.gt, self.gt),
+                                                  ("<=", operator.le, self.le), ("<", operator.lt, self.lt))
+                  if b is not None]
+        if all(cmp(value, b) for _, cmp, b in bounds):
+            return None
+        need = " and ".join(f"{op} {b:g}" for op, _, b in bounds)
+        return f"must be {need}" + "".join(f" (or {a!r})" for a in self.also)
+
+
+def checked(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None, **range_: Any) -> Any:
+    """A dataclass field with a default (or a ``factory`` for lists) and a :class:`Range`."""
+    meta = {_RANGE: Range(**range_)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def validate(cfg: Any, prefix: str = "") -> None:
+    """Raise :class:`ConfigError` for the first value outside its declared range.
+
+    ``cfg``: a composed config, or a schema dataclass instance; nested schema nodes are walked.
+    """
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        cfg = OmegaConf.structured(cfg)
+    schema = OmegaConf.get_type(cfg)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return
+    for f in dataclasses.fields(schema):
+        rng: Range | None = f.metadata.get(_RANGE)
+        if OmegaConf.is_missing(cfg, f.name) or (rng is None and OmegaConf.is_interpolation(cfg, f.name)):
+            continue  # unset, or e.g. run_dir (resolved by Hydra's runtime): nothing to check
+        value = cfg[f.name]
+        if rng is not None and (p := rng.problem(value)) is not None:
+            shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+            raise ConfigError(f"{prefix}{f.name}={shown}: {p}")
+        if isinstance(value, DictConfig):
+            validate(value, f"{prefix}{f.name}.")

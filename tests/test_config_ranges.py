@@ -1,0 +1,143 @@
+"""Config values are checked before a command builds anything: choices at composition (Enums in
+the schemas), ranges by the one validate() the dispatcher runs right after it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+import dlrm_cache.config as schemas
+import dlrm_cache.data.config as data_schemas
+from dlrm_cache.config import config_dir, register_configs
+from dlrm_cache.ranges import ConfigError, Range, validate
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = Path(config_dir())
+
+
+def _compose(command: str, overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name=command, overrides=overrides)
+
+
+def _schemas() -> list[type]:
+    return [c for m in (schemas, data_schemas) for c in vars(m).values()
+            if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__]
+
+
+def test_every_numeric_field_declares_its_range() -> None:
+    """A numeric field (or list of numbers) without a declared range is a value nobody checks."""
+    unchecked = []
+    for schema in _schemas():
+        hints = typing.get_type_hints(schema)
+        for f in dataclasses.fields(schema):
+            t = hints[f.name]
+            numeric = t in (int, float) or typing.get_args(t) in ((int,), (float,))
+            if numeric and not any(isinstance(v, Range) for v in f.metadata.values()):
+                unchecked.append(f"{schema.__name__}.{f.name}")
+    assert unchecked == []
+
+
+def test_every_shipped_config_is_in_range() -> None:
+    groups = {g: sorted(p.stem for p in (CONFIGS / g).glob("*.yaml")) for g in ("data", "model", "embedding", "optim")}
+    for combo in itertools.product(*groups.values()):
+        validate(_compose("train", [f"{g}={c}" for g, c in zip(groups, combo)]))
+    for command in ("synth", "preprocess", "plan", "bench"):
+        validate(_compose(command, []))
+
+
+@pytest.mark.parametrize("command,override,message", [
+    ("train", "data.batch_size=0", "data.batch_size=0: must be >= 1"),
+    ("train", "data.batch_size=-8", "data.batch_size=-8: must be >= 1"),
+    ("train", "data.eval_batch_size=0", "data.eval_batch_size=0: must be >= 1"),
+    ("train", "log_every=0", "log_every=0: must be >= 1"),
+    ("train", "model.embedding_dim=0", "model.embedding_dim=0: must be >= 1"),
+    ("train", "model.top_mlp=[64,-1]", "model.top_mlp=[64, -1]: element -1 must be >= 1"),
+    ("train", "checkpoint_every=-5", "checkpoint_every=-5: must be >= 0"),
+    ("train", "epochs=0", "epochs=0: must be >= 1"),
+    ("train", "max_steps=0", "max_steps=0: must be >= 1 (or -1)"),
+    ("train", "eval_batches=-2", "eval_batches=-2: must be >= 1 (or -1)"),
+    ("train", "device=gpu", "device=gpu: must match"),
+    ("train", "optim.sparse.lr=-0.1", "optim.sparse.lr=-0.1: must be >= 0"),
+    ("train", "dist_timeout_s=0", "dist_timeout_s=0.0: must be > 0"),
+    ("train", "embedding=freq_cache embedding.cache_ratio=0", "embedding.cache_ratio=0.0: must be > 0 and <= 1"),
+    ("train", "embedding=freq_cache embedding.static_fraction=1.5", "embedding.static_fraction=1.5: must be >= 0 and <= 1"),
+    ("train", "embedding=uvm_cache embedding.cache_ratio=2", "embedding.cache_ratio=2.0: must be > 0 and <= 1"),
+    ("synth", "lines=0", "lines=0: must be >= 1"),
+    ("synth", "missing_rate=1.5", "missing_rate=1.5: must be >= 0 and <= 1"),
+    ("synth", "positive_rate=1", "positive_rate=1.0: must be > 0 and < 1"),
+    ("preprocess", "rows_per_shard=0", "rows_per_shard=0: must be >= 1"),
+    ("preprocess", "train_fraction=0", "train_fraction=0.0: must be > 0 and <= 1"),
+    ("preprocess", "chunk_bytes=0", "chunk_bytes=0: must be >= 1"),
+    ("plan", "ratios=[]", "ratios=[]: must not be empty"),
+    ("plan", "ratios=[0.1,2]", "ratios=[0.1, 2.0]: element 2.0 must be > 0 and <= 1"),
+    ("bench", "iters=0", "iters=0: must be >= 1"),
+    ("bench", "cache_ratios=[0]", "cache_ratios=[0.0]: element 0.0 must be > 0 and <= 1"),
+])
+def test_out_of_range_value_names_its_key(command: str, override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        validate(_compose(command, override.split()))
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("command,override", [
+    ("train", "optim.dense.name=bogus"),
+    ("train", "optim.sparse.name=adam"),
+    ("train", "embedding=freq_cache embedding.policy=mru"),
+    ("train", "embedding=freq_cache embedding.row_map=hash"),
+    ("train", "embedding=uvm_cache embedding.algorithm=fifo"),
+    ("preprocess", "split=week"),
+    ("preprocess", "bad_lines=ignore"),
+    ("bench", "kind=everything"),
+    ("bench", "backends=[host,gpu]"),
+    ("bench", "uvm_algorithms=[lru,fifo]"),
+])
+def test_unknown_choice_fails_at_composition(command: str, override: str) -> None:
+    with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+        _compose(command, override.split())
+    key = override.split()[-1].split("=")[0]
+    assert key in str(e.value) + str(e.value.__cause__)
+
+
+def test_choices_read_as_their_values() -> None:
+    cfg = _compose("train", ["optim.dense.name=adam", "embedding=freq_cache", "embedding.policy=lru"])
+    assert cfg.optim.dense.name == "adam" and f"{cfg.embedding.policy}" == "lru"
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("DLRM_CACHE_TRACEBACK", None)
+    return subprocess.run([sys.executable, "-m", "dlrm_cache", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_checks_ranges_before_anything_else(tmp_path: Path) -> None:
+    """One line naming the key, exit 1, before the command looks at its data (the data path does
+    not even exist) or builds anything."""
+    res = _cli("train", "data.path=/nonexistent", "checkpoint_every=-5", cwd=tmp_path)
+    assert res.returncode == 1
+    assert res.stderr.strip() == "dlrm-cache train: error: checkpoint_every=-5: must be >= 0"
+    res = _cli("preprocess", "input=/nonexistent", f"output={tmp_path / 'ds'}", "min_count=0", cwd=tmp_path)
+    assert res.returncode == 1
+    assert res.stderr.strip() == "dlrm-cache preprocess: error: min_count=0: must be >= 1"
+    assert not (tmp_path / "ds").exists()
+
+
+def test_range_messages() -> None:
+    assert Range(ge=1).problem(0) == "must be >= 1"
+    assert Range(ge=1).problem(1) is None
+    assert Range(gt=0, le=1).problem(1.0) is None and Range(gt=0, le=1).problem(0.0) == "must be > 0 and <= 1"
+    assert Range(ge=1, also=(-1,)).problem(-1) is None
+    assert Range(ge=1, nonempty=True).problem([]) == "must not be empty"
+    assert Range(pattern=r"cpu|cuda(:\d+)?").problem("cuda:1") is None
