@@ -96,7 +96,7 @@ class _Batch:
     bad: torch.Tensor  # device bool: an id out of its table's range
     prepared: bool = False
     deferred: bool = False
-    counted: bool = False
+    hit: torch.Tensor | None = None  # per uniq row: resident before its first placement (counted at forward)
     train: bool = False  # its slots are marked dirty (a training batch)
     pinned: torch.Tensor | None = None  # slots pinned by this batch (= its uniq rows' slots)
     indices: torch.Tensor | None = None  # slot ids for the lookup
@@ -278,6 +278,8 @@ class FreqCacheBackend(EmbeddingBackend):
         offsets = features.offsets().to(self.device, dtype=torch.int64, non_blocking=True)
         out = self.tbe(batch.indices, offsets)
         batch.indices, batch.event = None, None
+        with torch.no_grad(), self.mover.planning():  # only forwarded batches count (not a window cancelled)
+            self._count_hits(batch, batch.hit)
         self._inflight.append(batch)
         self._try_prepare()  # batches deferred for lack of space
         return pooled(features, out, self.dim)
@@ -482,9 +484,8 @@ class FreqCacheBackend(EmbeddingBackend):
             if b.train:
                 self._mark_dirty(b)
             self.policy.observe(b.uniq, b.counts, su)
-            if not b.counted:
-                b.counted = True
-                self._count_hits(b, hit)
+            if b.hit is None:
+                b.hit = hit
             b.event = self.mover.ready()
         return True
 
