@@ -241,7 +241,8 @@ def test_plan_figure_draws_the_plan(processed_synth, tmp_path):
     rows = plan(cfg)
     assert_png(tmp_path / "plan.png")
     series = plan_series(rows, SparseOptim("rowwise_adagrad").row_bytes(16), 16, per_table=True)
-    expected = plan_table(load_counts(processed_synth), ratios)
+    # the cache plan sizes: its window region for the configured look-ahead and batch included
+    expected = plan_table(load_counts(processed_synth), ratios, cfg.static_fraction, cfg.lookahead, cfg.batch_size)
     assert series["ratio"] == ratios
     assert series["hit_rate"] == [r["hit_rate"] for r in expected]
     assert series["hit_rate_per_table_caches"] == [r["hit_rate_per_table_caches"] for r in expected]
