@@ -311,3 +311,14 @@ def register_configs() -> None:
     from .data.config import register as register_data_commands
 
     register_data_commands(cs)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config as plain data (``OmegaConf.to_container``) keyed by dotted paths (``data.batch_size``)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

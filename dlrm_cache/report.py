@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from .config import flatten
 from .data.format import atomic_write_text
 
 METRICS = "metrics.jsonl"
@@ -211,14 +212,9 @@ def run_title(run: Run) -> str:
 
 
 # ----------------------------------------------------------------------------------- several runs
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
-    return out
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config by dotted key, lists as tuples (values are compared and grouped)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(config).items()}
 
 
 def compare(runs: list[Run]) -> Sweep:
@@ -232,7 +228,7 @@ def compare(runs: list[Run]) -> Sweep:
     if not done:
         raise ValueError(f"{runs[0].path}: no finished run to compare (no {SUMMARY} in "
                          f"{', '.join(str(p) for p in unfinished)})")
-    flat = [flatten(r.config) for r in done]
+    flat = [flat_config(r.config) for r in done]
     keys = sorted({k for f in flat for k in f if k not in _NOT_SWEPT
                    and len({repr(g.get(k)) for g in flat}) > 1})
     values = [[f.get(k) for k in keys] for f in flat]
@@ -378,7 +374,7 @@ def sweep_markdown(sweep: Sweep, where: str) -> str:
            sweep_title(sweep, where).replace("\n", "  \n"), "",
            "| run | " + (" | ".join(sweep.keys) or "config") + " | steps | val AUC | val log loss | samples/s "
            "| hit rate | plan's hit rate |", "|---" * (7 + max(1, len(sweep.keys))) + "|"]
-    flat = [flatten(r.config) for r in sweep.runs]
+    flat = [flat_config(r.config) for r in sweep.runs]
     for r, f, p in zip(sweep.runs, flat, sweep.predicted):
         s = r.summary
         vals = " | ".join("-" if f.get(k) is None else _short(f.get(k)) for k in sweep.keys) or "same"

@@ -96,6 +96,11 @@ def test_bench_loader_reads_every_training_batch(small_dataset: Path, tmp_path: 
     res = bench(_cfg(kind="loader", data_path=str(small_dataset), batch_size=256, epochs=2, output=str(out)))
     assert [r["epoch"] for r in res] == [0, 1]
     assert all(r["samples"] == (6000 // 256) * 256 for r in res)  # whole batches of the train split
+    # the first batch's wait is reported apart: the rest of the epoch's samples in the rest of its time
+    for r in res:
+        assert 0 < r["first_batch_s"] < r["seconds"]
+        rest = (r["samples"] - 256) / (r["seconds"] - r["first_batch_s"])
+        assert r["after_first_samples_per_s"] == pytest.approx(rest, rel=1e-9)
     assert json.loads(out.read_text())[1]["samples"] == res[1]["samples"]
 
 

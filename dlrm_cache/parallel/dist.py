@@ -53,16 +53,6 @@ def init_distributed(device: torch.device, timeout_s: float = 300.0) -> DistInfo
                     local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 # Keys that may legitimately differ between the ranks of one job.
 _PER_RANK_KEYS = {"run_dir", "progress"}
 
@@ -74,9 +64,11 @@ def agree_on_config(cfg, info: DistInfo) -> str:
     """
     from omegaconf import OmegaConf
 
+    from ..config import flatten
+
     if not info.distributed:
         return str(cfg.run_dir)
-    mine = {k: v for k, v in _flat(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)).items()
+    mine = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)).items()
             if k not in _PER_RANK_KEYS}
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, (mine, str(cfg.run_dir)))

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from ..config import flatten
 from ..data.format import (
     Manifest, WriteError, atomic_write_text, fsync_file, one_line, recover_dir, replace_dir,
 )
@@ -293,8 +294,8 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     built: a different model, optimizer, data position or dataset is refused, naming every
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
-    now = {**_pick(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), RESUME_KEYS), **_flat(manifest.identity(), "dataset.")}
-    then = {**_pick(ckpt.config, RESUME_KEYS), **_flat(ckpt.meta.get("dataset", {}), "dataset.")}
+    now = {**_pick(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
+    then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta.get("dataset", {}), "dataset.")}
     diff = [k for k in now if k in then and then[k] != now[k]]
     if diff:
         raise ValueError(
@@ -306,18 +307,8 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
 
 
 def _pick(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    flat = _flat(config)
+    flat = flatten(config)
     return {k: flat[k] for k in keys if k in flat}
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _short(v: Any) -> str:

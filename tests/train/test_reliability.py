@@ -24,7 +24,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from dlrm_cache.train.checkpoint import Checkpoint, find_checkpoint
+from dlrm_cache.train.checkpoint import find_checkpoint
+
+from test_train import _params as params
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["dlrm_cache.train.loop", "test_reliability"])  # what the children run
@@ -108,15 +110,6 @@ def run(cfg: DictConfig, tmp: Path, kill_at=None, kill_after: float | None = Non
         os.kill(p.pid, signal.SIGKILL)
         p.join()
     return p.exitcode, err.read_text() if err.exists() else ""
-
-
-def params(ckpt: Path) -> dict[str, torch.Tensor]:
-    c = Checkpoint(ckpt)
-    out = {f"dense.{k}": v for k, v in c.dense["model"].items()}
-    out.update(c.tables(list(c.meta["tables"])))
-    for i, s in c.dense["optimizer"]["state"].items():
-        out.update({f"opt.{i}.{k}": v for k, v in s.items() if isinstance(v, torch.Tensor)})
-    return out
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
