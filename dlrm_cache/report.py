@@ -263,16 +263,18 @@ def _short(v: Any) -> str:
 
 
 def predicted_hit_rates(runs: list[Run]) -> list[float | None]:
-    """`dlrm-cache plan`'s hit rate for each run with a cache_ratio (None: no cache, or no stats)."""
+    """`dlrm-cache plan`'s hit rate for each run with a cache_ratio, for the cache that run had (its
+    look-ahead window sized for its batch size); None: no cache, or no stats."""
     from .data.stats import load_counts
     from .embedding.freq_cache.plan import plan_table
 
-    ratios = [r.config.get("embedding", {}).get("cache_ratio") for r in runs]
+    embs = [r.config.get("embedding", {}) for r in runs]
     data = dataset_path(runs[0])
-    if data is None or all(x is None for x in ratios):
+    if data is None or all(e.get("cache_ratio") is None for e in embs):
         return [None] * len(runs)
-    predicted = {p["ratio"]: p["hit_rate"] for p in plan_table(load_counts(data), sorted({x for x in ratios if x}))}
-    return [predicted[x] if x else None for x in ratios]
+    counts = load_counts(data)
+    return [plan_table(counts, [e["cache_ratio"]], e.get("static_fraction", 0.5), e.get("lookahead", 0),
+                       e.get("batch_size", 0))[0]["hit_rate"] if e.get("cache_ratio") else None for e in embs]
 
 
 def _dataset_id(run: Run) -> str:

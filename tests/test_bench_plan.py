@@ -59,8 +59,14 @@ def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
     hits = [r["hit_rate"] for r in rows]
     assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1
-    expected = plan_table(load_counts(processed_synth), [0.01, 0.05, 0.2])
+    cfg = PlanConfig()
+    expected = plan_table(load_counts(processed_synth), [0.01, 0.05, 0.2], cfg.static_fraction, cfg.lookahead,
+                          cfg.batch_size)
     np.testing.assert_allclose(hits, [r["hit_rate"] for r in expected])
+    # the share of all lookups that go to the cache's cache_rows hottest rows (window sizing included)
+    counts = np.sort(np.concatenate(list(load_counts(processed_synth).values())))[::-1]
+    assert [r["cache_rows"] for r in rows] == [r["cache_rows"] for r in expected]
+    np.testing.assert_allclose(hits, [counts[: r["cache_rows"]].sum() / counts.sum() for r in rows])
 
 
 def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(capsys, monkeypatch):

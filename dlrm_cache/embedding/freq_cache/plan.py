@@ -153,8 +153,11 @@ def plan_table(
 ) -> list[dict]:
     """One dict per ratio: ``ratio``, ``cache_rows`` (all slots, window sizing included),
     ``static_rows``, ``window_rows``, ``window_needed``, ``added_rows`` (see ``cache_layout``, the
-    freq policy's layout), ``hit_rate`` (the ratio's slots as one pooled cache, what the freq_cache
-    predicts), ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate}."""
+    freq policy's layout), ``hit_rate`` (all of the cache's slots, window sizing included, as one
+    pooled cache of the hottest rows: what the freq_cache predicts; a run from a cold cache, whose
+    window also holds the current batches' colder rows, measures somewhat less),
+    ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate} (each table caching its own
+    share of the ratio's slots)."""
     tables = {name: _as_counts(c) for name, c in counts_by_table.items()}
     flat = np.concatenate(list(tables.values())) if tables else np.zeros(0)
     total = flat.sum()
@@ -175,7 +178,7 @@ def plan_table(
                 window_rows=layout.window_rows,
                 window_needed=layout.window_needed,
                 added_rows=layout.added_rows,
-                hit_rate=predict_hit_rate(flat, int(layout.ratio_rows.sum())),
+                hit_rate=predict_hit_rate(flat, layout.num_slots),
                 hit_rate_per_table_caches=float(weighted),
                 per_table=per,
             )
