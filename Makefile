@@ -11,6 +11,8 @@ TORCHREC_DEPS ?= tensordict torchmetrics pyre-extensions iopath
 SYNTH_ARGS    ?=
 TRAIN_ARGS    ?=
 NPROC         ?= 2
+# the default job's data.batch_size (configs/data/synth.yaml): the window `plan` sizes holds 3 of them
+PLAN_BATCH    ?= 1024
 
 .PHONY: help install train test data train-dist bench plan gpu-extra clean
 
@@ -37,8 +39,8 @@ train: data ## install, make the default data, train + evaluate (the main job)
 train-dist: data ## the same job as `make train` over NPROC processes (torchrun, gloo on CPU)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) --no-python $(BIN)/dlrm-cache train $(TRAIN_ARGS)
 
-plan: data ## predicted cache hit rate per cache ratio for the default data
-	$(BIN)/dlrm-cache plan
+plan: data ## predicted cache hit rate per cache ratio for the default data and its batch size
+	$(BIN)/dlrm-cache plan batch_size=$(PLAN_BATCH)
 
 bench: $(STAMP) ## embedding-layer benchmark (see README: on the GPU machine for real numbers)
 	$(BIN)/dlrm-cache bench
