@@ -156,8 +156,8 @@ def plan_table(
     freq policy's layout), ``hit_rate`` (all of the cache's slots, window sizing included, as one
     pooled cache of the hottest rows: what the freq_cache predicts; a run from a cold cache, whose
     window also holds the current batches' colder rows, measures somewhat less),
-    ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate} (each table caching its own
-    share of the ratio's slots)."""
+    ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate} (the same slots as separate
+    caches, each table holding its own share: what pooling them gains)."""
     tables = {name: _as_counts(c) for name, c in counts_by_table.items()}
     flat = np.concatenate(list(tables.values())) if tables else np.zeros(0)
     total = flat.sum()
@@ -167,7 +167,9 @@ def plan_table(
             raise ValueError(f"cache ratio {r}: must be in (0, 1]")
         layout = cache_layout([c.size for c in tables.values()], r, static_fraction, list(tables.values()),
                               lookahead=lookahead, batch_size=batch_size)
-        rows = dict(zip(tables, layout.ratio_rows.tolist()))
+        # the per-table alternative gets the same slots (window sizing included), split as the ratio splits them
+        share = layout.ratio_rows * layout.num_slots // max(1, int(layout.ratio_rows.sum()))
+        rows = dict(zip(tables, share.tolist()))
         per = {n: predict_hit_rate(c, rows[n]) for n, c in tables.items()}
         weighted = sum(per[n] * c.sum() for n, c in tables.items()) / total if total > 0 else 0.0
         out.append(
