@@ -280,13 +280,18 @@ def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
     return arr[keep].tobytes(), _Shape(lines, reasons, details)
 
 
+def _binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A binary column's raw buffers without copies: (offsets [n+1], data bytes, lengths [n])."""
+    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1, offset=4 * col.offset)
+    data_buf = col.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return offsets, data, np.diff(offsets)
+
+
 def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Binary column -> (int64 ids, bad mask).  Empty/null -> MISSING_ID; not 1-8 hex digits -> bad."""
     n = len(col)
-    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * col.offset)
-    data_buf = col.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    lens = np.diff(offsets)
+    offsets, data, lens = _binary_buffers(col)
     ids = np.full(n, MISSING_ID, dtype=np.int64)
     bad = lens > 8
     present = (lens > 0) & ~bad
@@ -313,10 +318,7 @@ def _int_ok(col: pa.Array) -> np.ndarray:
     """Per value of a binary column: empty/null, or an optional ``-`` and digits that fit in int64.
     On the raw bytes with numpy (pyarrow's regex kernel costs ~10x more)."""
     n = len(col)
-    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * col.offset)
-    data_buf = col.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    lens = np.diff(offsets)
+    offsets, data, lens = _binary_buffers(col)
     first = offsets[0]
     not_digit = np.concatenate(([0], np.cumsum(_NOT_DIGIT[data[first : offsets[-1]]], dtype=np.int64)))
     non_digits = not_digit[offsets[1:] - first] - not_digit[offsets[:-1] - first]  # per value
