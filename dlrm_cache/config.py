@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .ranges import Choice, checked
 
@@ -322,3 +322,15 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A plain-dict copy of a dataclass or OmegaConf config (for JSON records, checkpoints and
+    comparisons): interpolations resolved, choices as their string values."""
+    import dataclasses
+
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.asdict(cfg)
+    return dict(cfg)

@@ -92,16 +92,3 @@ class PreprocessConfig:
 def register(cs: ConfigStore) -> None:
     cs.store(name="synth_schema", node=SynthConfig)
     cs.store(name="preprocess_schema", node=PreprocessConfig)
-
-
-def config_dict(cfg: Any) -> dict[str, Any]:
-    """A plain-dict copy of a dataclass or OmegaConf config (for JSON records and comparisons)."""
-    import dataclasses
-
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
-    if dataclasses.is_dataclass(cfg):
-        return dataclasses.asdict(cfg)
-    return dict(cfg)

@@ -47,8 +47,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from ..config import config_dict
 from . import criteo
-from .config import PreprocessConfig, config_dict
+from .config import PreprocessConfig
 from .format import (
     DENSE_NAMES,
     LABEL,

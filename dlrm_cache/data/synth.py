@@ -41,7 +41,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from tqdm import tqdm
 
-from .config import SynthConfig, config_dict
+from ..config import config_dict
+from .config import SynthConfig
 from .format import (
     DENSE_NAMES,
     KAGGLE_CARDINALITIES,

@@ -62,13 +62,11 @@ def agree_on_config(cfg, info: DistInfo) -> str:
 
     Returns the run directory every rank uses: rank 0's.
     """
-    from omegaconf import OmegaConf
-
-    from ..config import flatten
+    from ..config import config_dict, flatten
 
     if not info.distributed:
         return str(cfg.run_dir)
-    mine = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)).items()
+    mine = {k: v for k, v in flatten(config_dict(cfg)).items()
             if k not in _PER_RANK_KEYS}
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, (mine, str(cfg.run_dir)))

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ..config import flatten
+from ..config import config_dict, flatten
 from ..data.format import (
     Manifest, WriteError, atomic_write_text, fsync_file, one_line, recover_dir, replace_dir,
 )
@@ -285,7 +285,7 @@ class Checkpoint:
 
 def checkpoint_meta(cfg: DictConfig, manifest: Manifest, world_size: int, log_records: int) -> dict[str, Any]:
     """What :func:`save_checkpoint` records beside the tensors (the other half of a resume check)."""
-    return {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "dataset": manifest.identity(),
+    return {"config": config_dict(cfg), "dataset": manifest.identity(),
             "world_size": world_size, "log_records": log_records}
 
 
@@ -294,7 +294,7 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     built: a different model, optimizer, data position or dataset is refused, naming every
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
-    now = {**_pick(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
+    now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta.get("dataset", {}), "dataset.")}
     diff = [k for k in now if k in then and then[k] != now[k]]
     if diff:

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
+from ..config import config_dict
 from ..data.format import Manifest, atomic_write_text
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
@@ -435,6 +436,6 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
             run.total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
         )
     run.log.write("start", step=step, total_steps=run.total_steps, world_size=info.world_size,
-                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+                  config=config_dict(cfg))
     step, clock, totals, startup_s = train_steps(run, step)
     return summarize(run, step, clock, totals, startup_s)
