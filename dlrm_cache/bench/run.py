@@ -166,7 +166,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.zeros(1, device=device)  # the allocator must exist before its stats are reset
+        init_device(device)  # the allocator must exist before its stats are reset
         torch.cuda.reset_peak_memory_stats(device)
     emb = _build(v, tables, optim, device, counts)
     keys = [t.name for t in tables]
@@ -454,7 +454,7 @@ def _vs_same_setting(r: dict[str, Any], results: list[dict[str, Any]], base: str
         return ""
     same = next((o for o in results if "error" not in o and o["variant"].split(" ")[0] == base
                  and (o["precision"], o["compile"]) == (r["precision"], r["compile"])), None)
-    if same is None or same is base:
+    if same is None or same["variant"] == base:  # fp32 eager: the speed column above says it
         return ""
     return f"  ({same['ms_per_iter'] / r['ms_per_iter']:.3f}x {same['variant']})"
 
