@@ -176,17 +176,18 @@ class FreqCacheBackend(EmbeddingBackend):
         self.layout = cache_layout(rows, self.cache_ratio, static_fraction, table_counts,
                                    global_static=policy == "freq", lookahead=self.lookahead, batch_size=batch_size)
         num_slots, num_static = self.layout.num_slots, self.layout.num_static
-        static_rows = self.layout.static_rows
+        # a slot's device bytes: its TBE row + optimizer state, and its bookkeeping (slot_row,
+        # score: 8 B; pin: 4 B; dirty, map: 17 B)
+        self.slot_bytes = optim.row_bytes(self.dim) + 37
         if self.layout.added_rows > 0:
             log.info(
                 "freq_cache: cache_ratio=%g gives %s window slots, but %d look-ahead batches of %d samples "
                 "need ~%s distinct rows at once: window region sized to %s rows (+%s slots, +%.1f MiB)",
                 self.cache_ratio, f"{int(self.layout.ratio_rows.sum()) - num_static:,}", self.lookahead + 1,
                 batch_size, f"{self.layout.window_needed:,}", f"{self.layout.window_rows:,}",
-                f"{self.layout.added_rows:,}", self.layout.added_rows * (optim.row_bytes(self.dim) + 37) / 2**20,
+                f"{self.layout.added_rows:,}", self.layout.added_rows * self.slot_bytes / 2**20,
             )
-        # TBE slots + the per-slot bookkeeping (slot_row, score: 8 B; pin: 4 B; dirty, map: 17 B)
-        self.cache_bytes = num_slots * (optim.row_bytes(self.dim) + 37)
+        self.cache_bytes = num_slots * self.slot_bytes
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
             if self.cache_bytes > free:
@@ -201,13 +202,11 @@ class FreqCacheBackend(EmbeddingBackend):
         self.store = HostStore(self.tables, optim, self.dim, dev,
                                counts=flat_counts if policy == "freq" else None, observed=observed)
         self.row_offsets = self.store.row_offsets
-        self.static_rows = static_rows
-        self.static_offsets = self.layout.static_offsets
         # small per-table constants on the device, for the vectorized analysis
         self._t_rows = torch.from_numpy(rows).to(dev)
         self._t_row_off = torch.from_numpy(self.row_offsets).to(dev)
-        self._t_static_rows = torch.from_numpy(self.static_rows).to(dev)
-        self._t_static_off = torch.from_numpy(self.static_offsets).to(dev)
+        self._t_static_rows = torch.from_numpy(self.layout.static_rows).to(dev)
+        self._t_static_off = torch.from_numpy(self.layout.static_offsets).to(dev)
         self._t_index = torch.arange(len(tables), device=dev)
         self.slots = SlotTable(num_slots, num_static, dev, self.store.num_rows, row_map)
         self.policy = EvictionPolicy(policy, self.slots, self.store)
@@ -348,13 +347,12 @@ class FreqCacheBackend(EmbeddingBackend):
         out["transfer_wait_s"] = self.mover.transfer_wait_s()
         out["overflow_batches"] = float(dev["overflow_batches"])
         out["deferred_batches"] = float(dev["deferred_batches"])
-        slot_bytes = self.cache_bytes / self.slots.num_slots
         out["cache_bytes"] = float(self.cache_bytes)
         out["cache_rows"] = float(self.slots.num_slots)
         out["static_rows"] = float(self.slots.num_static)
-        out["static_bytes"] = float(self.slots.num_static * slot_bytes)
+        out["static_bytes"] = float(self.slots.num_static * self.slot_bytes)
         out["window_rows"] = float(self.slots.num_dynamic)
-        out["window_bytes"] = float(self.slots.num_dynamic * slot_bytes)
+        out["window_bytes"] = float(self.slots.num_dynamic * self.slot_bytes)
         out["window_needed_rows"] = float(self.layout.window_needed)
         self._stats = self._zero_stats()
         self.mover.plan_after_compute()  # fresh counters, filled on the compute stream
