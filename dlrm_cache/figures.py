@@ -41,6 +41,13 @@ def _percent(v: float, _pos: Any = None) -> str:
     return f"{100 * v:.3g}%"
 
 
+def _percent_ticks(ax, ratios: Sequence[float]) -> None:
+    """An x tick at each ratio, labelled as a percentage (no log-scale minor labels)."""
+    ax.set_xticks(ratios)
+    ax.xaxis.set_major_formatter(FuncFormatter(_percent))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 2) -> Path:
     """A grid of panels under one title."""
     rows = math.ceil(len(panels) / columns)
@@ -71,10 +78,7 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
         ax.set_xscale(panel.xscale)
         ax.grid(True, alpha=0.3)
         if panel.x_percent:
-            xs = sorted({v for line in panel.lines for v in line.x})
-            ax.set_xticks(xs)
-            ax.xaxis.set_major_formatter(FuncFormatter(_percent))
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            _percent_ticks(ax, sorted({v for line in panel.lines for v in line.x}))
         if panel.xticks is not None:  # separate runs: every run's slot shown, labels clear of the edges
             ax.set_xlim(-0.6, len(panel.xticks) - 0.4)
             ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=8)
@@ -102,9 +106,7 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
         ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
     ax.set_xscale("log")
     ax.margins(x=0.06)
-    ax.set_xticks(x)
-    ax.xaxis.set_major_formatter(FuncFormatter(_percent))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    _percent_ticks(ax, x)
     ax.set_xlabel("cache ratio (share of all embedding rows in the cache)")
     ax.set_ylabel("predicted hit rate (share of lookups)")
     ax.set_ylim(0, 1.05)
