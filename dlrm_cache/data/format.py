@@ -182,13 +182,13 @@ def replace_dir(new: str | os.PathLike, final: str | os.PathLike) -> None:
     aside, the new one renamed in, and only then the old one deleted.
     """
     new, final = Path(new), Path(final)
-    _fsync_dir(new)  # its entries are on the disk before it is renamed in
+    fsync_path(new)  # its entries are on the disk before it is renamed in
     recover_dir(final)
     aside = aside_path(final)
     if final.exists():
         final.rename(aside)
     new.rename(final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -218,17 +218,10 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def fsync_file(path: str | os.PathLike) -> None:
-    """Flush a written file to the disk (a rename must not be able to outlive its contents)."""
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a written file, or a directory's entries, to the disk (a rename must not be able to
+    outlive what it renames)."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from ..config import config_dict, flatten
 from ..data.format import (
-    Manifest, WriteError, atomic_write_text, fsync_file, one_line, recover_dir, replace_dir,
+    Manifest, WriteError, atomic_write_text, fsync_path, one_line, recover_dir, replace_dir,
 )
 from ..parallel.plan import parse_key
 
@@ -86,7 +86,7 @@ def save_checkpoint(
                 "files": {f: size for f, (_, size) in files.items()},
             }
             atomic_write_text(tmp / META, json.dumps(record, indent=1))
-            fsync_file(tmp / META)
+            fsync_path(tmp / META)
             replace_dir(tmp, final)
     except OSError as e:  # disk full, quota, permissions: the earlier checkpoints stay as they were
         if rank == 0:
