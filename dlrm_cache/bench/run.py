@@ -245,13 +245,14 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
 def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str, Any]]:
     """kind=planning: the freq_cache's own cost per batch, split by thread.
 
-    ``analyze`` (dedup, static mapping) runs in the loader thread for a CPU cache; a GPU cache does
-    it inside ``prefetch`` on the device.  ``prefetch`` (lookups, eviction, row copies) is timed in
-    the training thread up to a device synchronize, so on a GPU it is the plan + copy latency of one
-    batch; with the look-ahead window it overlaps the steps of earlier batches, so it must stay
-    below the step time, not add to it.  After the timed batches, ``sync_count_batches`` more run
-    under :class:`HostSyncCounter`: the cache's calls per batch (analyze, prefetch, forward) that
-    make the host wait for the device, and all the aten ops they issue.
+    ``analyze`` (dedup, global rows, the out-of-range flag) runs in the loader thread for a CPU
+    cache; a GPU cache does it inside ``prefetch`` on the device.  ``prefetch`` (lookups, eviction,
+    row copies) is timed in the training thread up to a device synchronize, so on a GPU it is the
+    plan + copy latency of one batch; with the look-ahead window it overlaps the steps of earlier
+    batches, so it must stay below the step time, not add to it.  After the timed batches,
+    ``sync_count_batches`` more run under :class:`HostSyncCounter`: the cache's calls per batch
+    (analyze, prefetch, forward) that make the host wait for the device, and all the aten ops they
+    issue.
     """
     from ..embedding.freq_cache import FreqCacheBackend
 

@@ -91,7 +91,7 @@ class EmbeddingBackend(nn.Module):
         raise NotImplementedError
 
     def analyze(self, features: KeyedJaggedTensor) -> object | None:
-        """Work on a future batch that does not depend on what is cached (dedup, static mapping).
+        """Work on a future batch that does not depend on what is cached (the freq_cache: dedup).
 
         Thread-safe and free of side effects: the loader calls it in its background thread and hands
         the result to :meth:`prefetch`, so the training thread only does what needs the cache state.

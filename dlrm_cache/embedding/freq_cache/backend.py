@@ -3,9 +3,10 @@
 Layout
     One fbgemm TBE on the device with a single table of ``num_slots`` rows that every feature maps
     onto (``feature_table_map = [0] * T``): a *global* slot pool.  Its size is the sum over tables of
-    ``max(1, ceil(cache_ratio * rows_t))`` -- the same memory as per-table caches -- but capacity goes
-    where the accesses are: a 3-row table does not get 1 slot it must thrash through every batch
-    while a 10M-row table has spare ones.  Lookups and the fused optimizer (backward) run on slot
+    ``max(1, ceil(cache_ratio * rows_t))`` -- the same memory as per-table caches -- plus the slots
+    ``cache_layout`` (plan.py) adds when the look-ahead window needs more; capacity goes where the
+    accesses are: a 3-row table does not get 1 slot it must thrash through every batch while a
+    10M-row table has spare ones.  Lookups and the fused optimizer (backward) run on slot
     ids, so a row's optimizer state lives next to its weight in the slot and travels with it.
 
     Static region: the ``static_fraction`` share of the slots holding the globally hottest rows.

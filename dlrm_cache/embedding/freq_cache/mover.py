@@ -1,7 +1,7 @@
 """Streams and row movement between the host store and the device slot buffer.
 
 Callers pass deduplicated slot/row ids, so every distinct row moves once, weights and optimizer
-state together.
+state together (write-backs of clean victims all go to the store's scratch row, which nothing reads).
 
 CPU (tests, machines without a GPU): no streams; every operation runs in order as issued.
 
