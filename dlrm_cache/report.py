@@ -265,6 +265,7 @@ def _short(v: Any) -> str:
 def predicted_hit_rates(runs: list[Run]) -> list[float | None]:
     """`dlrm-cache plan`'s hit rate for each run with a cache_ratio, for the cache that run had (its
     look-ahead window sized for its batch size); None: no cache, or no stats."""
+    from .config import FreqCacheEmbeddingConfig
     from .data.stats import load_counts
     from .embedding.freq_cache.plan import plan_table
 
@@ -273,8 +274,10 @@ def predicted_hit_rates(runs: list[Run]) -> list[float | None]:
     if data is None or all(e.get("cache_ratio") is None for e in embs):
         return [None] * len(runs)
     counts = load_counts(data)
-    return [plan_table(counts, [e["cache_ratio"]], e.get("static_fraction", 0.5), e.get("lookahead", 0),
-                       e.get("batch_size", 0))[0]["hit_rate"] if e.get("cache_ratio") else None for e in embs]
+    d = FreqCacheEmbeddingConfig()  # a key a run's config lacks (uvm_cache, older runs): the default
+    return [plan_table(counts, [e["cache_ratio"]], e.get("static_fraction", d.static_fraction),
+                       e.get("lookahead", d.lookahead), e.get("batch_size", d.batch_size))[0]["hit_rate"]
+            if e.get("cache_ratio") else None for e in embs]
 
 
 def _dataset_id(run: Run) -> str:
