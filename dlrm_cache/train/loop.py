@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -308,8 +310,14 @@ class Throughput:
         self._t0 = time.perf_counter()
         self._samples0 = 0
 
-    def pause(self) -> "_Paused":
-        return _Paused(self)
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """The time spent inside the ``with`` block is not training time."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._t0 += time.perf_counter() - t
 
     def lap(self) -> float:
         """Samples/s since the last lap (call after a device sync); adds the interval to ``seconds``."""
@@ -319,17 +327,6 @@ class Throughput:
         rate = (self.samples - self._samples0) / max(elapsed, 1e-9)
         self._t0, self._samples0 = now, self.samples
         return rate
-
-
-class _Paused:
-    def __init__(self, clock: Throughput) -> None:
-        self.clock = clock
-
-    def __enter__(self) -> None:
-        self.t = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        self.clock._t0 += time.perf_counter() - self.t
 
 
 def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, float]:
