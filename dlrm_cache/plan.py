@@ -42,10 +42,10 @@ def plan(cfg: DictConfig) -> list[dict]:
     rows = plan_table(counts, list(cfg.ratios), cfg.static_fraction, cfg.lookahead, cfg.batch_size)
     bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(cfg.embedding_dim)
     total_rows = sum(manifest.table_sizes)
-    print(f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
-          f"{total_rows * bytes_per_row / 2**20:,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
-          f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}")
     mib = lambda n: cache_mib(n, bytes_per_row)  # noqa: E731
+    print(f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
+          f"{mib(total_rows):,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
+          f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}")
     print(f"{'ratio':>8} {'cache rows':>12} {'cache MiB':>10} {'static rows':>12} {'static MiB':>10} "
           f"{'window rows':>12} {'window MiB':>10} {'added rows':>11} {'hit rate':>9} {'per-table caches':>17}")
     for r in rows:
