@@ -167,8 +167,9 @@ def plan_table(
             raise ValueError(f"cache ratio {r}: must be in (0, 1]")
         layout = cache_layout([c.size for c in tables.values()], r, static_fraction, list(tables.values()),
                               lookahead=lookahead, batch_size=batch_size)
-        # the per-table alternative at the same memory: the ratio the slots come to (window sizing included)
-        effective = min(1.0, layout.num_slots / max(1, flat.size))
+        # the per-table alternative at the same memory: the ratio scaled by the slots the window sizing
+        # added (without them, each table's own share of the ratio)
+        effective = min(1.0, r * layout.num_slots / max(1, int(layout.ratio_rows.sum())))
         rows = {n: cache_rows_for(c.size, effective) for n, c in tables.items()}
         per = {n: predict_hit_rate(c, rows[n]) for n, c in tables.items()}
         weighted = sum(per[n] * c.sum() for n, c in tables.items()) / total if total > 0 else 0.0
