@@ -209,8 +209,8 @@ class PlanConfig:
     per_table: bool = False  # also print each table's hit rate (and draw it)
     output: Optional[str] = None  # write the predictions as JSON here
     figure: Optional[str] = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
-    static_fraction: float = checked(0.5, ge=0, le=1)  # as embedding.static_fraction
-    lookahead: int = checked(2, ge=0)  # as embedding.lookahead: batches whose rows are fetched ahead
+    static_fraction: float = checked(FreqCacheEmbeddingConfig.static_fraction, ge=0, le=1)  # as embedding.static_fraction
+    lookahead: int = checked(FreqCacheEmbeddingConfig.lookahead, ge=0)  # as embedding.lookahead: batches fetched ahead
     # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
     batch_size: int = checked(16384, ge=0)
 
@@ -224,8 +224,8 @@ class BenchConfig:
     backends: list[Backend] = checked(factory=lambda: [Backend.host, Backend.freq_cache], nonempty=True)
     cache_ratios: list[float] = checked(factory=lambda: [0.015], gt=0, le=1, nonempty=True)
     uvm_algorithms: list[UvmAlgorithm] = field(default_factory=lambda: [UvmAlgorithm.lru, UvmAlgorithm.lfu])
-    lookahead: int = checked(2, ge=0)
-    policy: CachePolicy = CachePolicy.freq  # freq_cache eviction policy
+    lookahead: int = checked(FreqCacheEmbeddingConfig.lookahead, ge=0)  # as embedding.lookahead
+    policy: CachePolicy = FreqCacheEmbeddingConfig.policy  # freq_cache eviction policy
     num_tables: int = checked(26, ge=1)
     rows_per_table: int = checked(20_000, ge=1)  # embedding kind: every table has this many rows
     cardinality_scale: float = checked(0.01, gt=0)  # train/planning kinds: Criteo-Kaggle cardinalities times this
