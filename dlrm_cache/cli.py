@@ -186,7 +186,8 @@ def config_error(e: BaseException) -> str:
         options = [o.strip() for o in listed.splitlines()[1:] if o.strip() and not o.strip().endswith("_schema")]
         return f"{first}; choose one of: {', '.join(options)}"
     if e.__cause__ is not None:
-        return f"{first.rstrip('.')}: {str(e.__cause__).split(chr(10), 1)[0]}"
+        cause = str(e.__cause__).split("\n", 1)[0]
+        return f"{first.rstrip('.')}: {cause}"
     return first
 
 
