@@ -21,7 +21,7 @@ from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import plan_table
 from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.plan import plan
-from dlrm_cache.train.step import dense_optimizer
+from dlrm_cache.train.optim import dense_optimizer
 
 
 def _cfg(**kw):

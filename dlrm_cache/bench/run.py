@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-import torch.nn.functional as F
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
@@ -51,7 +50,8 @@ from ..embedding.base import DeviceUnavailable, EmbeddingBackend, SparseOptim, T
 from ..model.dlrm import DLRM
 from ..parallel.dist import resolve_device
 from ..train.pipeline import Pipeline
-from ..train.step import dense_optimizer, set_matmul_precision
+from ..train.optim import dense_optimizer
+from ..train.step import set_matmul_precision, train_step
 from .breakdown import PhaseClock, format_breakdown, split_step
 from .syncs import HostSyncCounter
 
@@ -185,10 +185,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
             split_step(model, opt, batch, clock)
 
         def step(batch: Batch) -> None:
-            loss = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, batch)
     else:
         grad = torch.randn(b, len(tables) * cfg.embedding_dim, generator=gen).to(device)
 

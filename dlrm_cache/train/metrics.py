@@ -1,16 +1,12 @@
-"""Metrics: torchmetrics for AUC/accuracy, JSON lines for the record, a small table for people."""
+"""Metrics: torchmetrics for AUC/accuracy, the embedding counters over a run, a small table for people.
+(The run's JSON-lines record is rundir.py's.)"""
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from ..data.format import atomic_write_text
 
 
 class EvalMetrics:
@@ -47,42 +43,6 @@ class EvalMetrics:
             "accuracy": float(self.accuracy.compute()) if n else math.nan,
             "samples": int(n),
         }
-
-
-class JsonlLog:
-    """Appends one JSON object per line; only rank 0 writes.
-
-    An existing log is continued: a last line cut short by a kill is dropped, and ``keep`` (a run
-    resumed into its own run directory: the records up to its checkpoint) drops the records of
-    the steps the run is about to redo, so each step is recorded once.  ``records`` counts lines.
-    """
-
-    def __init__(self, path: Path, enabled: bool = True, keep: int | None = None) -> None:
-        self.path = path
-        self.enabled = enabled
-        self.t0 = time.time()
-        self.records = 0
-        if enabled and path.exists():
-            text = path.read_text()
-            lines = text.splitlines(keepends=True)
-            kept = [line for line in lines[:keep] if line.endswith("\n")]
-            if len(kept) != len(lines):
-                atomic_write_text(path, "".join(kept))
-            self.records = len(kept)
-
-    def write(self, kind: str, **fields) -> None:
-        if not self.enabled:
-            return
-        record = {"kind": kind, "time": round(time.time() - self.t0, 3), **fields}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=_plain) + "\n")
-        self.records += 1
-
-
-def _plain(x):
-    if isinstance(x, torch.Tensor):
-        return x.item() if x.numel() == 1 else x.tolist()
-    return str(x)
 
 
 def format_table(rows: list[tuple[str, object]], title: str = "") -> str:

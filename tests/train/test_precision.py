@@ -27,7 +27,8 @@ from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.train.checkpoint import find_checkpoint
 from dlrm_cache.train.loop import train
 from dlrm_cache.train.pipeline import Pipeline
-from dlrm_cache.train.step import dense_optimizer, set_matmul_precision
+from dlrm_cache.train.optim import dense_optimizer
+from dlrm_cache.train.step import set_matmul_precision
 
 from test_train import _params, base_overrides, compose_train
 

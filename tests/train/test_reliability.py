@@ -449,7 +449,7 @@ def test_statistics_other_than_the_manifest_says_are_refused(processed_synth: Pa
 
 
 def test_metrics_log_drops_a_line_cut_short_and_keeps_what_it_is_told(tmp_path: Path):
-    from dlrm_cache.train.metrics import JsonlLog
+    from dlrm_cache.rundir import JsonlLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "train", "step": 2}\n{"kind": "checkpoint", "step": 2}\n{"kind": "train", "step": 4}\n{"kind": "tr')

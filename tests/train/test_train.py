@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from dlrm_cache.config import config_dir, register_configs
 from dlrm_cache.train.checkpoint import Checkpoint
-from dlrm_cache.train.loop import seconds_since_process_start, train
+from dlrm_cache.train.loop import train
+from dlrm_cache.train.timing import seconds_since_process_start
 
 
 def compose_train(overrides: list[str]):
@@ -112,7 +113,7 @@ def test_cli_multirun_sweep(small_dataset: Path, tmp_path: Path):
 
 
 def test_lr_schedule_warmup_then_polynomial_decay():
-    from dlrm_cache.train.loop import lr_scale
+    from dlrm_cache.train.schedule import lr_scale
 
     assert [lr_scale(s, 4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     assert lr_scale(9, 4, decay_start=10, decay_steps=10) == 1.0

@@ -1,0 +1,118 @@
+"""The run directory's contract: its file names, the kinds of record in its log, and the one writer
+and the one reader of that log.  `train` writes a run directory, `report` reads it back; both spell
+the contract through this module only.
+
+A run directory holds ``metrics.jsonl`` (one JSON object per line, each with ``kind`` and ``time``:
+seconds since the writer started), ``summary.json`` once the run has finished, ``checkpoints/`` and
+Hydra's ``.hydra/``; `report` adds ``report.png`` and ``report.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from .data.format import atomic_write_text
+
+METRICS: Final = "metrics.jsonl"
+SUMMARY: Final = "summary.json"
+REPORT_PNG: Final = "report.png"
+REPORT_MD: Final = "report.md"
+
+# Record kinds, in the order a run writes them.
+START: Final = "start"  # a (re)start: step, total_steps, world_size, config (resolved)
+FIRST_STEP: Final = "first_step"  # step, startup_s (command start to the first step)
+TRAIN: Final = "train"  # step, epoch, loss, samples_per_s, the embedding counters of the interval
+EVAL: Final = "eval"  # step, split, auc, logloss, accuracy, samples
+CHECKPOINT: Final = "checkpoint"  # step, path
+SUMMARY_RECORD: Final = "summary"  # the final summary (as summary.json)
+
+
+class JsonlLog:
+    """Appends one JSON object per line; only rank 0 writes.
+
+    An existing log is continued: a last line cut short by a kill is dropped, and ``keep`` (a run
+    resumed into its own run directory: the records up to its checkpoint) drops the records of
+    the steps the run is about to redo, so each step is recorded once.  ``records`` counts lines.
+    """
+
+    def __init__(self, path: Path, enabled: bool = True, keep: int | None = None) -> None:
+        self.path = path
+        self.enabled = enabled
+        self.t0 = time.time()
+        self.records = 0
+        if enabled and path.exists():
+            text = path.read_text()
+            lines = text.splitlines(keepends=True)
+            kept = [line for line in lines[:keep] if line.endswith("\n")]
+            if len(kept) != len(lines):
+                atomic_write_text(path, "".join(kept))
+            self.records = len(kept)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "time": round(time.time() - self.t0, 3), **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, default=_plain) + "\n")
+        self.records += 1
+
+
+def _plain(x: Any) -> Any:
+    """JSON for what ``json`` cannot write: a tensor as its value(s), anything else as text."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.item() if x.numel() == 1 else x.tolist()
+    return str(x)
+
+
+def open_log(run_dir: Path, enabled: bool = True, keep: int | None = None) -> JsonlLog:
+    """The run's log (see :class:`JsonlLog` for ``enabled`` and ``keep``)."""
+    return JsonlLog(run_dir / METRICS, enabled=enabled, keep=keep)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / METRICS).is_file()
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir``'s log, checked to begin with a start record that holds the run's
+    config; bad input raises a one-line error naming the file (and line)."""
+    metrics = run_dir / METRICS
+    if not metrics.is_file():
+        raise FileNotFoundError(
+            f"{run_dir}: not a run directory (no {METRICS}) nor a sweep directory (no */{METRICS})"
+        )
+    records = []
+    for i, line in enumerate(metrics.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{metrics}:{i}: not a JSON record ({e.msg})") from None
+    if not records:
+        raise ValueError(f"{metrics}: empty (the run wrote no records)")
+    if records[0].get("kind") != START or "config" not in records[0]:
+        raise ValueError(
+            f"{metrics}:1: no start record with the run's config (not written by dlrm-cache train)"
+        )
+    return records
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=2, default=str))
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``summary.json`` (None: the run has not finished)."""
+    path = run_dir / SUMMARY
+    if not path.is_file():
+        return None
+    try:
+        summary: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg})") from None
+    return summary

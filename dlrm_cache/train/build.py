@@ -1,0 +1,219 @@
+"""Building a training run from its composed config: the embedding placement (whole tables, or
+sharded over the ranks under torchrun) with its initial rows, the model, the dense optimizer, the
+data streams and the run directory's log; and restoring a checkpoint into it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig
+
+from ..data.format import Manifest
+from ..data.loader import ShardStream
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
+from ..model.dlrm import DLRM
+from ..parallel.dist import DistInfo, agree_on_config
+from ..parallel.plan import Shard, available_host_bytes, plan_placement
+from ..parallel.sharded import ShardedEmbeddings
+from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
+from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
+from .evaluate import evaluate
+from .optim import build_dense_optimizer
+from .step import set_matmul_precision
+
+log = logging.getLogger(__name__)
+
+
+def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
+    """``make(tables, shards) -> EmbeddingBackend`` for the configured placement.
+
+    ``shards`` (row ranges of whole tables, see parallel/plan.py) give each local table its slice of
+    the frequency statistics; ``None`` means the tables are whole.
+    """
+    optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
+    wants_counts = get_class(cfg.embedding._target_).uses_counts
+    counts = None
+    if wants_counts:
+        from ..data.stats import load_counts
+
+        counts = load_counts(data_path)
+    # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
+    partial = instantiate(cfg.embedding, _partial_=True)
+
+    def make(tables: list[TableSpec], shards: list[Shard] | None = None) -> EmbeddingBackend:
+        extra = {}
+        if wants_counts:
+            ranges = shards or [Shard(t.name, 0, t.num_rows, t.num_rows) for t in tables]
+            extra["counts"] = {s.name: counts[s.table][s.lo : s.hi] for s in ranges}
+        return partial(tables=tables, optim=optim, device=device, **extra)
+
+    return make, optim, counts
+
+
+def host_budget(cfg: DictConfig, local_ranks: int) -> float:
+    """Host bytes per rank for embedding tables: host_memory_gb, else MemAvailable shared by the ranks."""
+    return cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(local_ranks)
+
+
+def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim) -> None:
+    """Fail before allocating when the tables cannot fit in host memory (one process).
+
+    Start-up holds the initial rows (built on the host) next to the placement's own host copy
+    (every placement but hbm keeps all rows in host memory).
+    """
+    budget = host_budget(cfg, 1)
+    table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
+    copies = 1 if cfg.embedding._target_.endswith("HbmBackend") else 2
+    if table_bytes * copies > budget:
+        raise ValueError(
+            f"host_memory_gb: the embedding tables take {table_bytes / 2**30:.2f} GiB "
+            f"(x{copies} while they are initialized) but {budget / 2**30:.2f} GiB of host memory "
+            "are available; use more processes (torchrun shards the tables), a smaller "
+            "model.embedding_dim, preprocess with hash_modulus, or set host_memory_gb if the estimate is wrong"
+        )
+
+
+def build_embeddings(
+    cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
+) -> EmbeddingBackend:
+    tables = [
+        TableSpec(name, rows, cfg.model.embedding_dim)
+        for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
+    ]
+    make, optim, counts = embedding_factory(cfg, data_path, device)
+    if not info.distributed:
+        check_host_memory(cfg, tables, optim)
+        embeddings = make(tables)
+        embeddings.import_tables(initial_state(tables, optim, cfg.seed))
+        return embeddings
+    budget = host_budget(cfg, info.local_world_size)
+    placement = plan_placement(tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"),
+                               counts, cfg.shard_rows_above)
+    if info.is_main:
+        log.info("embedding placement (%d ranks):\n%s", info.world_size,
+                 placement.table(info.world_size, optim.row_bytes(cfg.model.embedding_dim)))
+    sharded = ShardedEmbeddings(tables, optim, placement.shards, make, device)
+    # the same initial rows as one process would have: whole tables from their seed, then sliced
+    mine = placement.owned_by(info.rank)
+    full = initial_state([t for t in tables if any(s.table == t.name for s in mine)], optim, cfg.seed)
+    state = {}
+    for s in mine:
+        for field in ("weight", "momentum1"):
+            if f"{s.table}.{field}" in full:
+                state[f"{s.name}.{field}"] = full[f"{s.table}.{field}"][s.lo : s.hi]
+    sharded.import_tables(state)
+    return sharded
+
+
+@dataclass
+class TrainingRun:
+    """What one training run is made of (built by :func:`build_run`)."""
+
+    cfg: DictConfig
+    info: DistInfo
+    device: torch.device
+    run_dir: Path
+    manifest: Manifest
+    embeddings: EmbeddingBackend
+    model: DLRM
+    net: torch.nn.Module  # the model, DDP-wrapped under torchrun
+    opt: torch.optim.Optimizer
+    train_stream: ShardStream
+    val_stream: ShardStream
+    total_steps: int
+    log: JsonlLog
+    resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
+
+    def checkpoint(self, step: int) -> None:
+        self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
+        dense = {"model": self.model.dense_state_dict(), "optimizer": self.opt.state_dict()}
+        # recorded first: a run resumed from this checkpoint keeps the records up to this one.  A
+        # resume that did no step saves its own checkpoint again (putting an interrupted replace in
+        # order): its record is already the last one kept.
+        again = self.resume is not None and self.resume.step == step \
+            and self.resume.log_records(self.run_dir) is not None
+        if not again:
+            self.log.write(CHECKPOINT, step=step, path=str(step_dir(self.run_dir, step)))
+        meta = checkpoint_meta(self.cfg, self.manifest, self.info.world_size, self.log.records)
+        save_checkpoint(self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank, meta)
+
+    def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
+        stream = self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
+        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches, self.cfg.data.prefetch_batches)
+        self.log.write(EVAL, step=step, split=split, **result)
+        return result
+
+    def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
+        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle)
+
+
+def make_stream(cfg: DictConfig, manifest: Manifest, info: DistInfo, device: torch.device, split: str,
+                batch_size: int, shuffle: bool = False) -> ShardStream:
+    """Training batches drop the last partial batch; evaluation keeps every row."""
+    train = split == "train"
+    return ShardStream(cfg.data.path, manifest, split, batch_size, shuffle, cfg.seed, info.rank, info.world_size,
+                       drop_last=train, key="data.batch_size" if train else "data.eval_batch_size",
+                       pin=device.type == "cuda")
+
+
+def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
+    run_dir = Path(agree_on_config(cfg, info))
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    data_path = Path(cfg.data.path)
+    manifest = Manifest.load(data_path)
+    manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    ckpt = open_resume(cfg, manifest) if cfg.resume else None
+    torch.manual_seed(cfg.seed)
+    embeddings = build_embeddings(cfg, manifest, data_path, device, info)
+    model = DLRM(
+        embeddings,
+        num_dense=len(manifest.dense_names),
+        embedding_dim=cfg.model.embedding_dim,
+        bottom_mlp=list(cfg.model.bottom_mlp),
+        top_mlp=list(cfg.model.top_mlp),
+        device=device,
+        precision=cfg.precision,
+        compile=cfg.compile,
+    )
+    set_matmul_precision(cfg.precision, device)
+    opt = build_dense_optimizer(cfg, model.dense_parameters(), device)
+    # Dense layers are data-parallel: DDP averages their gradients over ranks every step.
+    net: torch.nn.Module = model
+    if info.distributed:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle)
+    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size)
+    steps_per_epoch = len(train_stream)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"data.batch_size={cfg.data.batch_size}: larger than the training split "
+            f"({manifest.splits['train'].rows} rows of {data_path})"
+        )
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps >= 0:
+        total_steps = min(total_steps, cfg.max_steps)
+    log = open_log(run_dir, enabled=info.is_main,
+                   keep=ckpt.log_records(run_dir) if ckpt is not None else None)
+    return TrainingRun(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
+               total_steps, log, ckpt)
+
+
+def restore(run: TrainingRun) -> int:
+    """Load the checkpoint ``cfg.resume`` named into the run; the step to continue from (0: a fresh run)."""
+    ckpt = run.resume
+    if ckpt is None:
+        return 0
+    run.model.load_dense_state_dict(ckpt.dense["model"])
+    run.opt.load_state_dict(ckpt.dense["optimizer"])
+    if run.embeddings.state_keys():
+        run.embeddings.import_tables(ckpt.tables(run.embeddings.state_keys()))
+    if run.info.is_main:
+        log.info("resumed from %s at step %d", ckpt.path, ckpt.step)
+    return ckpt.step

@@ -1,0 +1,41 @@
+"""The dense optimizer (the MLPs'): which one, and its fastest implementation on the device.
+Embedding rows are updated inside fbgemm's backward (``embedding.base.SparseOptim``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from omegaconf import DictConfig
+
+# Optimizers whose fused (one kernel for all parameters) implementation exists on a device type in
+# every torch this project supports (2.11 and 2.13).  Adagrad's fused CUDA kernel is newer than some
+# of them, so there it runs as foreach (a few multi-tensor kernels), still not one kernel per tensor.
+FUSED_DEVICES = {"sgd": {"cpu", "cuda"}, "adam": {"cpu", "cuda"}, "adagrad": {"cpu"}}
+
+
+def dense_optimizer_impl(name: str, device: torch.device) -> dict[str, bool]:
+    """``fused=True`` where the device has the fused kernel, else ``foreach=True``."""
+    if device.type in FUSED_DEVICES.get(name, set()):
+        return {"fused": True}
+    return {"foreach": True}
+
+
+def dense_optimizer(name: str, params: Iterable[torch.nn.Parameter], device: torch.device, lr: float,
+                    weight_decay: float = 0.0, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """The MLPs' optimizer (embedding rows are updated inside fbgemm's backward)."""
+    impl = dense_optimizer_impl(name, device)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **impl)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay, **impl)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, **impl)
+    raise ValueError(f"optim.dense.name={name!r}: choose one of {sorted(FUSED_DEVICES)}")
+
+
+def build_dense_optimizer(cfg: DictConfig, params: Iterable[torch.nn.Parameter],
+                          device: torch.device) -> torch.optim.Optimizer:
+    """:func:`dense_optimizer` as the train config's ``optim.dense`` says."""
+    o = cfg.optim.dense
+    return dense_optimizer(o.name, params, device, o.lr, o.weight_decay, o.momentum)
