@@ -51,7 +51,9 @@ def _train_epilogue(run_dir: str) -> str:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    lines = [f"run files: {run_dir}/ (metrics.jsonl, summary.json, checkpoints/, .hydra/)",
+    from .rundir import METRICS, SUMMARY
+
+    lines = [f"run files: {run_dir}/ ({METRICS}, {SUMMARY}, checkpoints/, .hydra/)",
              f"plots:     dlrm-cache report {run_dir}"]
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:

@@ -6,7 +6,6 @@ check the plotted numbers against the run's own files; ``figures.py`` only draws
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,8 @@ from omegaconf import DictConfig
 
 from .config import flatten
 from .data.format import atomic_write_text
-
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-REPORT_PNG = "report.png"
-REPORT_MD = "report.md"
+from .data.stats import SUMMARY as STATS_SUMMARY
+from .rundir import EVAL, METRICS, REPORT_MD, REPORT_PNG, START, SUMMARY, TRAIN, is_run_dir, read_records, read_summary
 # config keys that differ between any two runs without describing what was compared (data.path:
 # compare() has checked that every run read the same dataset, however its path was written)
 _NOT_SWEPT = {"run_dir", "resume", "progress", "data.path"}
@@ -54,7 +50,7 @@ class Panel:
 
 
 @dataclass
-class Run:
+class RunRecord:
     """A train run directory as read back from its files."""
 
     path: Path
@@ -75,7 +71,7 @@ class Run:
 class Sweep:
     """Finished runs compared along what differs in their configs."""
 
-    runs: list[Run]
+    runs: list[RunRecord]
     keys: list[str]  # the config keys that differ between the runs
     x: list[float]  # numeric x per run (one numeric swept key), else 0..n-1
     labels: list[str]  # per run: the swept values as text
@@ -85,47 +81,27 @@ class Sweep:
 
 
 # ----------------------------------------------------------------------------------- reading
-def load_run(path: Path) -> Run:
-    """Read ``path/metrics.jsonl`` (and summary.json); bad input raises a one-line error."""
-    metrics = path / METRICS
-    if not metrics.is_file():
-        raise FileNotFoundError(f"{path}: not a run directory (no {METRICS}) nor a sweep directory "
-                                f"(no */{METRICS})")
-    records = []
-    for i, line in enumerate(metrics.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{metrics}:{i}: not a JSON record ({e.msg})") from None
-    if not records:
-        raise ValueError(f"{metrics}: empty (the run wrote no records)")
-    if records[0].get("kind") != "start" or "config" not in records[0]:
-        raise ValueError(f"{metrics}:1: no start record with the run's config (not written by dlrm-cache train)")
+def load_run(path: Path) -> RunRecord:
+    """Read ``path``'s log (and summary.json); bad input raises a one-line error."""
+    records = read_records(path)
     config, train, evals, last_step = records[0]["config"], [], [], 0
     for r in records:
-        if r.get("kind") == "start":  # a resumed run appends a new start record
+        if r.get("kind") == START:  # a resumed run appends a new start record
             config, last_step = r["config"], int(r["step"])
-        elif r.get("kind") == "train":
+        elif r.get("kind") == TRAIN:
             train.append({**r, "steps": r["step"] - last_step})
             last_step = r["step"]
-        elif r.get("kind") == "eval" and r.get("split") == "val":
+        elif r.get("kind") == EVAL and r.get("split") == "val":
             evals.append(r)
-    summary = None
-    if (path / SUMMARY).is_file():
-        try:
-            summary = json.loads((path / SUMMARY).read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path / SUMMARY}: not JSON ({e.msg})") from None
-    return Run(path, config, train, evals, summary)
+    return RunRecord(path, config, train, evals, read_summary(path))
 
 
-def find_runs(paths: list[Path]) -> tuple[list[Run], Path | None]:
+def find_runs(paths: list[Path]) -> tuple[list[RunRecord], Path | None]:
     """The runs named by ``paths``, and the sweep directory when one -m sweep directory was given."""
     if not paths:
         raise ValueError("runs: name at least one run directory (dlrm-cache report RUN_DIR [RUN_DIR ...])")
     if len(paths) == 1 and not (paths[0] / METRICS).exists():
-        jobs = sorted((d for d in paths[0].glob("*") if (d / METRICS).is_file()), key=_job_order)
+        jobs = sorted((d for d in paths[0].glob("*") if is_run_dir(d)), key=_job_order)
         if jobs:
             return [load_run(d) for d in jobs], paths[0]
     return [load_run(p) for p in paths], None
@@ -140,7 +116,7 @@ def _short_path(p: Path, parts: int = 3) -> str:
 
 
 # ----------------------------------------------------------------------------------- one run
-def run_panels(run: Run, worst_tables: int = 3) -> list[Panel]:
+def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
     """The panels of one run's figure; cache panels only when the placement reports those stats."""
     t = run.train
     steps = [r["step"] for r in t]
@@ -193,7 +169,7 @@ def per_step(train: list[dict[str, Any]], key: str) -> list[float]:
     return [r[key] / r["steps"] if r["steps"] else math.nan for r in train]
 
 
-def worst_hit_tables(run: Run, n: int) -> list[str]:
+def worst_hit_tables(run: RunRecord, n: int) -> list[str]:
     """The ``n`` tables with the lowest mean per-interval hit rate (ties: table order)."""
     if not run.train or n <= 0:
         return []
@@ -202,7 +178,7 @@ def worst_hit_tables(run: Run, n: int) -> list[str]:
     return sorted(names, key=lambda name: mean[name])[:n]
 
 
-def run_title(run: Run) -> str:
+def run_title(run: RunRecord) -> str:
     c = run.config
     emb = c.get("embedding", {})
     what = run.placement() + (f" cache_ratio={emb['cache_ratio']:g}" if "cache_ratio" in emb else "")
@@ -217,7 +193,7 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(config).items()}
 
 
-def compare(runs: list[Run]) -> Sweep:
+def compare(runs: list[RunRecord]) -> Sweep:
     """What the runs differ in, checked to be comparable (one dataset, finished)."""
     datasets = {_dataset_id(r) for r in runs}
     if len(datasets) > 1:
@@ -262,7 +238,7 @@ def _short(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def predicted_hit_rates(runs: list[Run]) -> list[float | None]:
+def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
     """`dlrm-cache plan`'s hit rate for each run with a cache_ratio, for the cache that run had (its
     look-ahead window sized for its batch size); None: no cache, or no stats."""
     from .config import FreqCacheEmbeddingConfig
@@ -280,14 +256,14 @@ def predicted_hit_rates(runs: list[Run]) -> list[float | None]:
             if e.get("cache_ratio") else None for e in embs]
 
 
-def _dataset_id(run: Run) -> str:
+def _dataset_id(run: RunRecord) -> str:
     """The dataset as a resolved path when it can be found (a relative and an absolute data.path
     name the same data), else data.path as written."""
     found = dataset_path(run)
     return str(found.resolve()) if found else str(run.config["data"]["path"])
 
 
-def dataset_path(run: Run) -> Path | None:
+def dataset_path(run: RunRecord) -> Path | None:
     """The run's dataset with its frequency statistics: data.path as given, else relative to the
     directory the run was started from (Hydra records it)."""
     p = Path(run.config["data"]["path"])
@@ -298,7 +274,7 @@ def dataset_path(run: Run) -> Path | None:
 
         cwd = OmegaConf.load(hydra_yaml).hydra.runtime.cwd
         candidates.append(Path(cwd) / p)
-    return next((c for c in candidates if (c / "stats" / "summary.json").is_file()), None)
+    return next((c for c in candidates if (c / STATS_SUMMARY).is_file()), None)
 
 
 def sweep_panels(sweep: Sweep) -> list[Panel]:
@@ -359,7 +335,7 @@ def _fmt(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def run_markdown(run: Run, worst: list[str]) -> str:
+def run_markdown(run: RunRecord, worst: list[str]) -> str:
     out = [f"# dlrm-cache report: {run.path}", "", f"![training, evaluation and cache]({REPORT_PNG})", "",
            run_title(run).replace("\n", "  \n"), ""]
     if run.summary is None:
@@ -387,7 +363,7 @@ def sweep_markdown(sweep: Sweep, where: str) -> str:
                    f"| {_fmt(s.get('val_logloss', math.nan))} | {_fmt(s.get('train_samples_per_s', math.nan))} "
                    f"| {_fmt(s.get('embedding_hit_rate', math.nan))} | {_fmt(p) if p is not None else 'n/a'} |")
     if sweep.unfinished:
-        out += ["", "Not finished (no summary.json), left out: " + ", ".join(str(p) for p in sweep.unfinished)]
+        out += ["", f"Not finished (no {SUMMARY}), left out: " + ", ".join(str(p) for p in sweep.unfinished)]
     return "\n".join(out) + "\n"
 
 
