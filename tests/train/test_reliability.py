@@ -60,12 +60,13 @@ def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_
     fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     torch.set_num_threads(1)  # several children and pytest share two cores
+    import dlrm_cache.train.build as build
     import dlrm_cache.train.loop as loop
 
     if kill_at is not None or count_to is not None or full_at is not None:
         counts: list[int] = []
         inside = [False]
-        real_save = loop.save_checkpoint
+        real_save = build.save_checkpoint
 
         def save(*a, **k):
             counts.append(0)
@@ -93,7 +94,7 @@ def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_
 
             return call
 
-        loop.save_checkpoint = save
+        build.save_checkpoint = save  # TrainingRun.checkpoint calls it
         for name in _FS_CALLS:
             setattr(os, name, hook(name))
     loop.train(cfg)
