@@ -17,7 +17,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import config_dir, register_configs
+from .configstore import config_dir, register_configs
 from .console import quiet_known_noise
 from .data.format import WriteError
 from .ranges import validate
@@ -181,11 +181,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def config_error(e: BaseException) -> str:
     """A Hydra/OmegaConf composition error on one line: what failed, why (the cause's first line),
-    and for a missing group option the ones there are (without Hydra's ``*_schema`` entries)."""
+    and for a missing group option the ones there are."""
     first = str(e).split("\n", 1)[0]
     if isinstance(e, MissingConfigException) and "Available options" in str(e):
         listed = str(e).split("Available options", 1)[1].split("Config search path", 1)[0]
-        options = [o.strip() for o in listed.splitlines()[1:] if o.strip() and not o.strip().endswith("_schema")]
+        options = [o.strip() for o in listed.splitlines()[1:] if o.strip()]
         return f"{first}; choose one of: {', '.join(options)}"
     if e.__cause__ is not None:
         cause = str(e.__cause__).split("\n", 1)[0]

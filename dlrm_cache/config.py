@@ -1,106 +1,47 @@
-"""Structured config schemas, registered with Hydra's ConfigStore.
+"""The config schemas of the commands: every key, its type, its default and its range.
 
-Every yaml file under ``configs/`` names one of these schemas in its defaults list, so a typo'd key,
-an ill-typed value or a choice not in its Enum fails when the config is composed.  A numeric field
-declares its range where it is defined (``checked(default, ge=1)``, see :mod:`.ranges`); the
-dispatcher checks them all right after composition, before any work starts.
+**Defaults live here, and only here.**  A YAML file under ``configs/`` names its schema in its
+defaults list and sets only what a schema cannot say: interpolations (``${data.batch_size}``,
+Hydra's output directory), values a schema leaves ``MISSING`` (a dataset path), Hydra's own
+settings, and in a config group with several options (``data/``, ``model/``, ``optim/``) the values
+that make a non-default option differ.  The option `train` picks by default holds nothing but what
+the schema leaves ``MISSING``.  tests/test_config_defaults.py fails when a YAML file restates or
+contradicts a default of this module.
+
+Composing a config checks key names, types and choices (:mod:`.choices`); a numeric field declares
+its range where it is defined (``checked(default, ge=1)``, see :mod:`.ranges`), and the dispatcher
+checks them all right after composition, before any work starts.  This module does not import
+Hydra: registering the schemas with it is :mod:`.configstore`'s job.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .ranges import Choice, checked
+from .choices import (
+    Backend,
+    BenchKind,
+    CachePolicy,
+    DenseOptimName,
+    Precision,
+    RowMap,
+    SparseOptimName,
+    UvmAlgorithm,
+)
+from .ranges import checked
 
 DEVICE = r"auto|cpu|cuda(:\d+)?"  # the values of a device field
 
 
-class SparseOptimName(Choice):
-    rowwise_adagrad = "rowwise_adagrad"
-    adagrad = "adagrad"
-    sgd = "sgd"
-
-
-class DenseOptimName(Choice):
-    sgd = "sgd"
-    adagrad = "adagrad"
-    adam = "adam"
-
-
-class UvmAlgorithm(Choice):
-    lru = "lru"
-    lfu = "lfu"
-
-
-class CachePolicy(Choice):
-    freq = "freq"
-    lfu = "lfu"
-    lru = "lru"
-
-
-class RowMap(Choice):
-    auto = "auto"
-    sorted = "sorted"
-    dense = "dense"
-
-
-class Backend(Choice):
-    host = "host"
-    hbm = "hbm"
-    uvm_cache = "uvm_cache"
-    freq_cache = "freq_cache"
-
-
-class BenchKind(Choice):
-    embedding = "embedding"
-    train = "train"
-    planning = "planning"
-    loader = "loader"
-
-
-def config_dir() -> str:
-    """Absolute path of the shipped configs, whatever the working directory or install mode.
-
-    Installed (wheel or editable) they are the package ``dlrm_cache.configs``; from a plain source
-    tree on PYTHONPATH (the GPU machine's offline bundle installs nothing) they are ``configs/``
-    next to the package.
-    """
-    try:
-        import dlrm_cache.configs as pkg
-    except ModuleNotFoundError:
-        tree = Path(__file__).resolve().parent.parent / "configs"
-        if (tree / "train.yaml").is_file():
-            return str(tree)
-        raise
-    return str(Path(pkg.__file__).resolve().parent)
-
-
 # --------------------------------------------------------------------------- data / model / optim
-class Precision(Choice):
-    """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
-
-    fp32: plain float32.  tf32: float32 tensors, matrix products on TensorFloat-32 tensor cores
-    (CUDA only: on the CPU it is fp32).  bf16: the dense part under bfloat16 autocast (CPU and
-    CUDA), with TF32 for the products autocast leaves in float32.
-    """
-
-    fp32 = "fp32"
-    tf32 = "tf32"
-    bf16 = "bf16"
-
-
 @dataclass
 class DataConfig:
     path: str = MISSING  # a processed dataset directory (with manifest.json)
-    batch_size: int = checked(2048, ge=1)  # global batch size: split across ranks under torchrun
+    # global batch size: split across ranks under torchrun (the Criteo presets set 16384)
+    batch_size: int = checked(1024, ge=1)
     eval_batch_size: int = checked(8192, ge=1)
     prefetch_batches: int = checked(4, ge=1)  # batches decoded ahead by the background reader thread
     analysis_threads: int = checked(2, ge=1)  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
@@ -169,6 +110,16 @@ class FreqCacheEmbeddingConfig:
     # samples per step whose ids the look-ahead window must hold (the trainer's global data.batch_size;
     # 0: no sizing, the window gets what cache_ratio leaves)
     batch_size: int = checked(0, ge=0)
+
+
+# The backend registry: the name train's embedding=<name> and bench's backends=[...] take, and its
+# schema (whose _target_ is the backend class).
+EMBEDDING_SCHEMAS: dict[Backend, type] = {
+    Backend.host: HostEmbeddingConfig,
+    Backend.hbm: HbmEmbeddingConfig,
+    Backend.uvm_cache: UvmCacheEmbeddingConfig,
+    Backend.freq_cache: FreqCacheEmbeddingConfig,
+}
 
 
 # --------------------------------------------------------------------------- commands
@@ -260,57 +211,6 @@ class ReportConfig:
     runs: list[str] = field(default_factory=list)  # run directories, or one sweep directory
     output: Optional[str] = None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
     worst_tables: int = checked(3, ge=0)  # per-table hit rates drawn for this many tables with the lowest hit rate
-
-
-def _run_id() -> str:
-    """One id per job: torchrun's run id when set, else a timestamp.
-
-    Each torchrun rank composes its own config, so a per-process ``${now:}`` would split one job
-    over several run directories.
-    """
-    rid = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if rid and rid != "none":
-        return f"{time.strftime('%Y-%m-%d')}/{rid}"
-    if "MASTER_PORT" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
-        # torchrun without --rdzv-id: every rank sees the same master address/port and group.
-        key = "|".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE"))
-        return f"{time.strftime('%Y-%m-%d')}/torchrun-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
-    return time.strftime("%Y-%m-%d/%H-%M-%S")
-
-
-def _is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def register_configs() -> None:
-    if not OmegaConf.has_resolver("dlrm_run_id"):
-        OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
-        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory.
-        OmegaConf.register_new_resolver(
-            "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
-        )
-        # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
-        OmegaConf.register_new_resolver(
-            "dlrm_rank_suffix", lambda: "" if _is_rank0() else f"-rank{os.environ['RANK']}", use_cache=True
-        )
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="plan_schema", node=PlanConfig)
-    cs.store(name="bench_schema", node=BenchConfig)
-    cs.store(name="report_schema", node=ReportConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="optim", name="optim_schema", node=OptimConfig)
-    for name, node in [
-        ("host_schema", HostEmbeddingConfig),
-        ("hbm_schema", HbmEmbeddingConfig),
-        ("uvm_cache_schema", UvmCacheEmbeddingConfig),
-        ("freq_cache_schema", FreqCacheEmbeddingConfig),
-    ]:
-        cs.store(group="embedding", name=name, node=node)
-    from .data.config import register as register_data_commands
-
-    register_data_commands(cs)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

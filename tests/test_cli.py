@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from dlrm_cache.config import config_dir, register_configs
+from dlrm_cache.configstore import config_dir, register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from omegaconf.errors import ValidationError
 
 import dlrm_cache.config as schemas
 import dlrm_cache.data.config as data_schemas
-from dlrm_cache.config import config_dir, register_configs
+from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.ranges import ConfigError, Range, validate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ from PIL import Image
 
 from dlrm_cache.bench.run import bench, bench_series
 from dlrm_cache.cli import main, split_run_dirs
-from dlrm_cache.config import BenchConfig, PlanConfig, config_dir, register_configs
+from dlrm_cache.config import BenchConfig, PlanConfig
+from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache.plan import plan_table

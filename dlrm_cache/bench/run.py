@@ -43,7 +43,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..config import Precision
+from ..choices import Precision
 from ..data.format import KAGGLE_CARDINALITIES, SPARSE_NAMES, Manifest, atomic_write_text
 from ..data.loader import Batch, OneIdPerSample, ShardStream
 from ..embedding.base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec

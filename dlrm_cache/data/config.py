@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-
 from ..ranges import Choice, checked
 
 
@@ -88,7 +86,3 @@ class PreprocessConfig:
     overwrite: bool = False  # rebuild even if `output` already holds a dataset
     progress: bool = True  # tqdm progress bars
 
-
-def register(cs: ConfigStore) -> None:
-    cs.store(name="synth_schema", node=SynthConfig)
-    cs.store(name="preprocess_schema", node=PreprocessConfig)

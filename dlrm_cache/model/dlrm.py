@@ -20,7 +20,7 @@ from torch import nn
 from torchrec.models.dlrm import DenseArch, OverArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..config import Precision
+from ..choices import Precision
 from ..embedding.base import EmbeddingBackend
 
 

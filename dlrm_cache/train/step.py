@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Precision
+from ..choices import Precision
 from ..data.loader import Batch
 
 

@@ -1,0 +1,62 @@
+"""The values of the configs' choice fields, as enums: importable without Hydra (the model, bench
+and the embedding backends use them).  See :class:`dlrm_cache.ranges.Choice`."""
+
+from __future__ import annotations
+
+from .ranges import Choice
+
+
+class SparseOptimName(Choice):
+    rowwise_adagrad = "rowwise_adagrad"
+    adagrad = "adagrad"
+    sgd = "sgd"
+
+
+class DenseOptimName(Choice):
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+class UvmAlgorithm(Choice):
+    lru = "lru"
+    lfu = "lfu"
+
+
+class CachePolicy(Choice):
+    freq = "freq"
+    lfu = "lfu"
+    lru = "lru"
+
+
+class RowMap(Choice):
+    auto = "auto"
+    sorted = "sorted"
+    dense = "dense"
+
+
+class Backend(Choice):
+    host = "host"
+    hbm = "hbm"
+    uvm_cache = "uvm_cache"
+    freq_cache = "freq_cache"
+
+
+class BenchKind(Choice):
+    embedding = "embedding"
+    train = "train"
+    planning = "planning"
+    loader = "loader"
+
+
+class Precision(Choice):
+    """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
+
+    fp32: plain float32.  tf32: float32 tensors, matrix products on TensorFloat-32 tensor cores
+    (CUDA only: on the CPU it is fp32).  bf16: the dense part under bfloat16 autocast (CPU and
+    CUDA), with TF32 for the products autocast leaves in float32.
+    """
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"

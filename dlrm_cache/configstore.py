@@ -1,0 +1,129 @@
+"""Hydra's side of the configs: where the YAML files are, the schemas registered with Hydra's
+ConfigStore (under names the YAML files' defaults lists refer to, outside every config group, so
+`--help` offers only the YAML options) and the resolvers the YAML files use.  Only the command
+dispatcher (cli.py) and tests that compose configs import this module."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from .config import (
+    EMBEDDING_SCHEMAS,
+    BenchConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    PlanConfig,
+    ReportConfig,
+    TrainConfig,
+)
+from .data.config import PreprocessConfig, SynthConfig
+
+def config_dir() -> str:
+    """Absolute path of the shipped configs, whatever the working directory or install mode.
+
+    Installed (wheel or editable) they are the package ``dlrm_cache.configs``; from a plain source
+    tree on PYTHONPATH (the GPU machine's offline bundle installs nothing) they are ``configs/``
+    next to the package.
+    """
+    try:
+        import dlrm_cache.configs as pkg
+    except ModuleNotFoundError:
+        tree = Path(__file__).resolve().parent.parent / "configs"
+        if (tree / "train.yaml").is_file():
+            return str(tree)
+        raise
+    return str(Path(pkg.__file__).resolve().parent)
+
+
+def _run_id() -> str:
+    """One id per job: torchrun's run id when set, else a timestamp.
+
+    Each torchrun rank composes its own config, so a per-process ``${now:}`` would split one job
+    over several run directories.
+    """
+    rid = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if rid and rid != "none":
+        return f"{time.strftime('%Y-%m-%d')}/{rid}"
+    if "MASTER_PORT" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        # torchrun without --rdzv-id: every rank sees the same master address/port and group.
+        key = "|".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE"))
+        return f"{time.strftime('%Y-%m-%d')}/torchrun-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+    return time.strftime("%Y-%m-%d/%H-%M-%S")
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def register_configs() -> None:
+    if not OmegaConf.has_resolver("dlrm_run_id"):
+        OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
+        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory.
+        OmegaConf.register_new_resolver(
+            "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
+        )
+        # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
+        OmegaConf.register_new_resolver(
+            "dlrm_rank_suffix", lambda: "" if _is_rank0() else f"-rank{os.environ['RANK']}", use_cache=True
+        )
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="plan_schema", node=PlanConfig)
+    cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(name="report_schema", node=ReportConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="optim", name="optim_schema", node=OptimConfig)
+    for name, node in [
+        ("host_schema", HostEmbeddingConfig),
+        ("hbm_schema", HbmEmbeddingConfig),
+        ("uvm_cache_schema", UvmCacheEmbeddingConfig),
+        ("freq_cache_schema", FreqCacheEmbeddingConfig),
+    ]:
+        cs.store(group="embedding", name=name, node=node)
+    from .data.config import register as register_data_commands
+
+    register_data_commands(cs)
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def register_configs() -> None:
+    """Register the schemas and resolvers (idempotent)."""
+    if not OmegaConf.has_resolver("dlrm_run_id"):
+        OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
+        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory.
+        OmegaConf.register_new_resolver(
+            "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
+        )
+        # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
+        OmegaConf.register_new_resolver(
+            "dlrm_rank_suffix",
+            lambda: "" if _is_rank0() else f"-rank{os.environ['RANK']}",
+            use_cache=True,
+        )
+    cs = ConfigStore.instance()
+    # a command's YAML names <command>_schema; a group option's names /<group>_schema@_here_
+    for name, node in [
+        ("train_schema", TrainConfig),
+        ("plan_schema", PlanConfig),
+        ("bench_schema", BenchConfig),
+        ("report_schema", ReportConfig),
+        ("synth_schema", SynthConfig),
+        ("preprocess_schema", PreprocessConfig),
+        ("data_schema", DataConfig),
+        ("model_schema", ModelConfig),
+        ("optim_schema", OptimConfig),
+    ]:
+        cs.store(name=name, node=node)
+    for backend, schema in EMBEDDING_SCHEMAS.items():
+        cs.store(name=f"{backend.value}_schema", node=schema)
