@@ -63,41 +63,6 @@ def _is_rank0() -> bool:
 
 
 def register_configs() -> None:
-    if not OmegaConf.has_resolver("dlrm_run_id"):
-        OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
-        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory.
-        OmegaConf.register_new_resolver(
-            "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
-        )
-        # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
-        OmegaConf.register_new_resolver(
-            "dlrm_rank_suffix", lambda: "" if _is_rank0() else f"-rank{os.environ['RANK']}", use_cache=True
-        )
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="plan_schema", node=PlanConfig)
-    cs.store(name="bench_schema", node=BenchConfig)
-    cs.store(name="report_schema", node=ReportConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="optim", name="optim_schema", node=OptimConfig)
-    for name, node in [
-        ("host_schema", HostEmbeddingConfig),
-        ("hbm_schema", HbmEmbeddingConfig),
-        ("uvm_cache_schema", UvmCacheEmbeddingConfig),
-        ("freq_cache_schema", FreqCacheEmbeddingConfig),
-    ]:
-        cs.store(group="embedding", name=name, node=node)
-    from .data.config import register as register_data_commands
-
-    register_data_commands(cs)
-
-
-def _is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def register_configs() -> None:
     """Register the schemas and resolvers (idempotent)."""
     if not OmegaConf.has_resolver("dlrm_run_id"):
         OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
