@@ -122,6 +122,12 @@ EMBEDDING_SCHEMAS: dict[Backend, type] = {
 }
 
 
+def backend_target(name: str) -> str:
+    """The class (dotted path) of the backend ``name`` (a :class:`Backend` value)."""
+    target: str = EMBEDDING_SCHEMAS[Backend(name)]._target_
+    return target
+
+
 # --------------------------------------------------------------------------- commands
 @dataclass
 class TrainConfig:

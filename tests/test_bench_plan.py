@@ -73,8 +73,8 @@ def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(ca
     """hbm cannot run without a GPU: skipped with the reason, the other rows still run (exit 0).
     A row that crashes is not hidden: the CLI exits 1 with the reason.  Bad config values fail at
     composition now, so the crash is made by pointing freq_cache at a class that does not exist."""
-    from dlrm_cache.bench import run
     from dlrm_cache.cli import main
+    from dlrm_cache.config import FreqCacheEmbeddingConfig
 
     common = ["kind=embedding", "num_tables=2", "rows_per_table=300", "batch_size=32", "embedding_dim=8",
               "warmup=1", "iters=2", "distinct_batches=2", "device=cpu"]
@@ -87,7 +87,7 @@ def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(ca
             main(["bench", *common, "backends=[hbm]"])
         assert e.value.code == 1
         assert "no placement could run on this machine" in capsys.readouterr().err
-    monkeypatch.setitem(run.TARGETS, "freq_cache", "dlrm_cache.embedding.freq_cache.NoSuchBackend")
+    monkeypatch.setattr(FreqCacheEmbeddingConfig, "_target_", "dlrm_cache.embedding.freq_cache.NoSuchBackend")
     with pytest.raises(SystemExit) as e:
         main(["bench", *common, "backends=[host,freq_cache]"])
     assert e.value.code == 1
