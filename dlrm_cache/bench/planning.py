@@ -49,7 +49,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
         for i in range(total + cfg.lookahead):
             counted = timed_end <= i < total
             if i == timed_end:
-                stats = emb.stats()  # the timed batches' counters
+                stats = emb.take_stats()  # the timed batches' counters
             with counter if counted else contextlib.nullcontext():
                 if i < total:
                     kjt = host[i % len(host)].sparse
@@ -62,7 +62,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
                     t2 = time.perf_counter()
                     window.append(kjt)
                     if i == cfg.warmup:
-                        emb.stats()
+                        emb.reset_stats()
                     if cfg.warmup <= i < timed_end:
                         t_an, t_pre = t_an + t1 - t, t_pre + t2 - t1
                 if len(window) > cfg.lookahead or i >= total:

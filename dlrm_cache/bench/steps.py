@@ -127,11 +127,11 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         for i, batch in enumerate(pipeline):
             if i == cfg.warmup:
                 sync(device)
-                emb.stats()  # reset the counters: report the timed iterations only
+                emb.reset_stats()  # report the timed iterations only
                 t0 = time.perf_counter()
             if i == timed_end:  # the split steps that follow are the breakdown, not the timing
                 sync(device)
-                elapsed, stats = time.perf_counter() - t0, emb.stats()
+                elapsed, stats = time.perf_counter() - t0, emb.take_stats()
             if i == timed_end + cfg.warmup:
                 clock.reset()
             (step if i < timed_end else split)(batch)
@@ -139,7 +139,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
                 break
         sync(device)
         if not split_iters:
-            elapsed, stats = time.perf_counter() - t0, emb.stats()
+            elapsed, stats = time.perf_counter() - t0, emb.take_stats()
     result = {
         "variant": v.label,
         "iters": cfg.iters,

@@ -77,6 +77,8 @@ class EmbeddingBackend(nn.Module):
     lookahead: int = 0
     # whether the constructor takes ``counts``: the dataset's per-row access counts (stats/)
     uses_counts: bool = False
+    # whether every row lives in host memory (all placements but hbm): the host-memory check counts it
+    keeps_rows_in_host_memory: bool = True
 
     def __init__(self, tables: list[TableSpec], optim: SparseOptim) -> None:
         super().__init__()
@@ -115,8 +117,24 @@ class EmbeddingBackend(nn.Module):
         """Make the full tables (and optimizer state) consistent, whatever is cached."""
 
     def stats(self) -> dict[str, float]:
-        """Counters since the last call: hit rate, rows/bytes moved, stall time, memory."""
+        """Counters since the last :meth:`reset_stats` (or construction): hit rate, rows/bytes
+        moved, stall time, memory.  Reading them changes nothing."""
         return {}
+
+    def reset_stats(self) -> None:
+        """Start the counters :meth:`stats` reports afresh (sizes such as cache_rows stay).
+
+        A backend with counters overrides this.  The default discards one :meth:`stats` reading,
+        which resets a backend whose ``stats()`` still resets on read (the freq_cache until it
+        implements this method) and does nothing to one that does not.
+        """
+        self.stats()
+
+    def take_stats(self) -> dict[str, float]:
+        """The counters of one interval: :meth:`stats`, then :meth:`reset_stats`."""
+        out = self.stats()
+        self.reset_stats()
+        return out
 
     def export_tables(self) -> dict[str, torch.Tensor]:
         """Full tables in row order, on CPU: ``<table>.weight`` and ``<table>.<state>`` entries."""

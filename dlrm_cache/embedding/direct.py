@@ -94,6 +94,7 @@ class HbmBackend(TbeBackend):
 
     location = EmbeddingLocation.DEVICE
     config_name = "hbm"
+    keeps_rows_in_host_memory = False
 
     def __init__(self, tables, optim, device="cuda", **kw):
         super().__init__(tables, optim, _require_cuda(device, "hbm"), **kw)
@@ -132,9 +133,8 @@ class UvmCacheBackend(TbeBackend):
         self.cache_ratio = cache_ratio
 
     def stats(self) -> dict[str, float]:
-        """fbgemm's own counters since the last call (it counts distinct ids per call, not accesses)."""
+        """fbgemm's own counters since the last reset (it counts distinct ids per call, not accesses)."""
         s = self.tbe.get_uvm_cache_stats(use_local_cache=False).tolist()
-        self.tbe.reset_uvm_cache_stats()
         # UVMCacheStatsIndex: calls, requested, unique, unique misses, conflict unique, conflict misses
         unique, misses = s[2], s[3]
         rb = self.optim.row_bytes(self.dim)
@@ -148,6 +148,9 @@ class UvmCacheBackend(TbeBackend):
             "cache_rows": float(self.tbe.lxu_cache_weights.size(0)),
             "cache_bytes": float(self.tbe.lxu_cache_weights.numel() * self.tbe.lxu_cache_weights.element_size()),
         }
+
+    def reset_stats(self) -> None:
+        self.tbe.reset_uvm_cache_stats()
 
 
 def _require_cuda(device, name: str) -> torch.device:

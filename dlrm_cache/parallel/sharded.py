@@ -165,6 +165,10 @@ class ShardedEmbeddings(EmbeddingBackend):
     def stats(self) -> dict[str, float]:
         return self.local.stats() if self.local is not None else {}
 
+    def reset_stats(self) -> None:
+        if self.local is not None:
+            self.local.reset_stats()
+
     def export_tables(self) -> dict[str, torch.Tensor]:
         """This rank's shards, keyed ``<table>.<field>`` or ``<table>:<lo>-<hi>.<field>``."""
         return self.local.export_tables() if self.local is not None else {}

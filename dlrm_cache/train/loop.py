@@ -81,7 +81,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                 if step % cfg.log_every == 0 or step == run.total_steps:
                     mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
                     rate = clock.lap()
-                    interval.add(embeddings.stats())
+                    interval.add(embeddings.take_stats())
                     emb_stats, interval = interval.result(), StatsTotals()
                     totals.add(emb_stats)
                     run.log.write(TRAIN, step=step, epoch=epoch, loss=mean_loss, samples_per_s=rate, **emb_stats)
@@ -92,9 +92,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < run.total_steps:
                     with clock.pause():
                         # the cache's counters so far are training's; evaluation's lookups are not
-                        interval.add(embeddings.stats())
+                        interval.add(embeddings.take_stats())
                         result = run.evaluate(step)
-                        embeddings.stats()
+                        embeddings.reset_stats()
                     if info.is_main:
                         bar.write(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < run.total_steps:
