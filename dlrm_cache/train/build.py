@@ -67,7 +67,7 @@ def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOpt
     """
     budget = host_budget(cfg, 1)
     table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
-    copies = 1 if cfg.embedding._target_.endswith("HbmBackend") else 2
+    copies = 2 if get_class(cfg.embedding._target_).keeps_rows_in_host_memory else 1
     if table_bytes * copies > budget:
         raise ValueError(
             f"host_memory_gb: the embedding tables take {table_bytes / 2**30:.2f} GiB "
