@@ -1,6 +1,6 @@
 """Drawing: the only module that imports matplotlib (Agg: no display needed), imported lazily by the
 commands that write figures so that `train` never pays for it.  The numbers come ready-made as
-``Panel``s (report.py) or as the rows of `plan` / `bench`."""
+``Panel``s (panels.py, computed by report.py) or as the rows of `plan` / `bench`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from .data.format import atomic_file  # noqa: E402
-from .report import Panel  # noqa: E402
+from .panels import Panel  # noqa: E402
 
 DPI = 100
 

@@ -1,7 +1,7 @@
 """`dlrm-cache report`: what a run (or a sweep of runs) did, as one figure and a short markdown summary.
 
 Reading runs and computing every series that is drawn happen here, without matplotlib, so that tests
-check the plotted numbers against the run's own files; ``figures.py`` only draws ``Panel``s.
+check the plotted numbers against the run's own files; ``figures.py`` only draws ``Panel``s (panels.py).
 """
 
 from __future__ import annotations
@@ -15,38 +15,12 @@ from omegaconf import DictConfig
 
 from .config import flatten
 from .data.format import atomic_write_text
+from .panels import Line, Panel
 from .data.stats import SUMMARY as STATS_SUMMARY
 from .rundir import EVAL, METRICS, REPORT_MD, REPORT_PNG, START, SUMMARY, TRAIN, is_run_dir, read_records, read_summary
 # config keys that differ between any two runs without describing what was compared (data.path:
 # compare() has checked that every run read the same dataset, however its path was written)
 _NOT_SWEPT = {"run_dir", "resume", "progress", "data.path"}
-
-
-@dataclass
-class Line:
-    label: str
-    x: list[float]
-    y: list[float]
-    style: str = "o-"  # matplotlib format string: "o-" measured, "s--" predicted, "--" reference
-    annotate: str | None = None  # format spec to write each value beside its point (few points)
-    annotate_below: bool = False  # under the point: clear of a line drawn just above this one
-
-
-@dataclass
-class Panel:
-    """One axes: its lines and how to label them (``xticks``: categorical x at 0..n-1)."""
-
-    key: str
-    title: str
-    xlabel: str
-    ylabel: str
-    lines: list[Line]
-    xscale: str = "linear"
-    x_percent: bool = False  # x values are fractions shown as percentages
-    xticks: list[str] | None = None
-    hlines: list[tuple[str, float]] = field(default_factory=list)  # (label, y) reference lines
-    xlim: tuple[float, float] | None = None
-    y_from_zero: bool = False  # amounts compared across runs: a cropped axis would exaggerate
 
 
 @dataclass
