@@ -63,7 +63,7 @@ def _train_epilogue(run_dir: str) -> str:
 
 
 def _plan(cfg: DictConfig) -> None:
-    from .plan import plan
+    from .cache_sizing import plan
 
     plan(cfg)
 

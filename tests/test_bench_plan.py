@@ -20,7 +20,7 @@ from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import plan_table
 from dlrm_cache.model.dlrm import DLRM
-from dlrm_cache.plan import plan
+from dlrm_cache.cache_sizing import plan
 from dlrm_cache.train.optim import dense_optimizer
 
 

@@ -22,7 +22,7 @@ from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache.plan import plan_table
-from dlrm_cache.plan import plan, plan_series
+from dlrm_cache.cache_sizing import plan, plan_series
 from dlrm_cache.report import compare, find_runs, load_run, run_panels, sweep_panels, worst_hit_tables
 from dlrm_cache.train.loop import train
 
@@ -272,7 +272,7 @@ def test_bench_figure_draws_the_table(tmp_path):
 
 
 def test_commands_do_not_import_the_plotting_module():
-    res = subprocess.run([sys.executable, "-c", "import sys, dlrm_cache.cli, dlrm_cache.train.loop, dlrm_cache.plan, "
+    res = subprocess.run([sys.executable, "-c", "import sys, dlrm_cache.cli, dlrm_cache.train.loop, dlrm_cache.cache_sizing, "
                           "dlrm_cache.bench.run, dlrm_cache.report; print('dlrm_cache.figures' in sys.modules)"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.stdout.strip() == "False", res.stderr

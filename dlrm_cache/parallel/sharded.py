@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, takes_prefetched
-from .plan import Shard
+from .placement import Shard
 
 
 class ShardedEmbeddings(EmbeddingBackend):

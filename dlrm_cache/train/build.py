@@ -17,7 +17,7 @@ from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config
-from ..parallel.plan import Shard, available_host_bytes, plan_placement
+from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     """``make(tables, shards) -> EmbeddingBackend`` for the configured placement.
 
-    ``shards`` (row ranges of whole tables, see parallel/plan.py) give each local table its slice of
+    ``shards`` (row ranges of whole tables, see parallel/placement.py) give each local table its slice of
     the frequency statistics; ``None`` means the tables are whole.
     """
     optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)

@@ -32,7 +32,7 @@ from ..config import config_dict, flatten
 from ..data.format import (
     Manifest, WriteError, atomic_write_text, fsync_path, one_line, recover_dir, replace_dir,
 )
-from ..parallel.plan import parse_key
+from ..parallel.placement import parse_key
 
 CKPT_DIR = "checkpoints"
 META = "meta.json"

@@ -22,7 +22,7 @@ from dlrm_cache.embedding.base import SparseOptim, TableSpec, takes_prefetched
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table, predict_hit_rate
 from dlrm_cache.embedding.freq_cache.plan import WINDOW_SIGMAS, cache_layout
-from dlrm_cache.parallel.plan import plan_placement
+from dlrm_cache.parallel.placement import plan_placement
 
 DIM = 8
 SIZES = [2000, 5000, 60, 3000]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from dlrm_cache.parallel.plan import parse_key
+from dlrm_cache.parallel.placement import parse_key
 from dlrm_cache.train.checkpoint import Checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_sharded_forward_consumes_its_prefetched_batch(tmp_path: Path):
 
     from dlrm_cache.embedding.base import SparseOptim, TableSpec
     from dlrm_cache.embedding.freq_cache import FreqCacheBackend
-    from dlrm_cache.parallel.plan import Shard
+    from dlrm_cache.parallel.placement import Shard
     from dlrm_cache.parallel.sharded import ShardedEmbeddings
 
     sys.path.insert(0, str(REPO / "tests" / "embedding"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dlrm_cache.embedding.base import SparseOptim, TableSpec
-from dlrm_cache.parallel.plan import parse_key, plan_placement, shard_name
+from dlrm_cache.parallel.placement import parse_key, plan_placement, shard_name
 
 OPT = SparseOptim("rowwise_adagrad")
 

@@ -3,7 +3,7 @@
 ``cache_layout`` is the one function that decides how many slots the freq_cache has, how many of
 them are static and how many form the window (dynamic) region; the backend, ``dlrm-cache plan`` and
 ``dlrm-cache report``'s predictions all call it, so they cannot disagree.  (The sharding planner,
-parallel/plan.py, balances shards by the ratio's share alone: ``cache_rows_for``.)
+parallel/placement.py, balances shards by the ratio's share alone: ``cache_rows_for``.)
 
 A static frequency cache holding the ``k`` most frequent rows serves exactly the accesses to those
 rows; on i.i.d. batches that is also what the ``freq`` policy converges to (its dynamic region keeps
