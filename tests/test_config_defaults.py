@@ -97,3 +97,13 @@ def test_help_offers_only_the_yaml_options(capsys) -> None:
     assert "embedding: freq_cache, hbm, host, uvm_cache" in groups
     assert "data: criteo_1tb, criteo_kaggle, synth" in groups
     assert "_schema" not in groups
+
+
+def test_the_backend_registry_names_every_placement_once() -> None:
+    """train's embedding=<name> options, bench's backends and the registry are the same names."""
+    from dlrm_cache.choices import Backend
+    from dlrm_cache.config import EMBEDDING_SCHEMAS, backend_target
+
+    options = sorted(p.stem for p in (CONFIGS / "embedding").glob("*.yaml"))
+    assert options == sorted(b.value for b in Backend) == sorted(b.value for b in EMBEDDING_SCHEMAS)
+    assert backend_target("freq_cache") == "dlrm_cache.embedding.freq_cache.FreqCacheBackend"
