@@ -81,17 +81,24 @@ class OptimConfig:
 
 # --------------------------------------------------------------------------- embedding backends
 @dataclass
-class HostEmbeddingConfig:
+class EmbeddingConfig:
+    """What every placement's schema has: the backend class Hydra instantiates."""
+
+    _target_: str = MISSING
+
+
+@dataclass
+class HostEmbeddingConfig(EmbeddingConfig):
     _target_: str = "dlrm_cache.embedding.direct.HostBackend"
 
 
 @dataclass
-class HbmEmbeddingConfig:
+class HbmEmbeddingConfig(EmbeddingConfig):
     _target_: str = "dlrm_cache.embedding.direct.HbmBackend"
 
 
 @dataclass
-class UvmCacheEmbeddingConfig:
+class UvmCacheEmbeddingConfig(EmbeddingConfig):
     _target_: str = "dlrm_cache.embedding.direct.UvmCacheBackend"
     cache_ratio: float = checked(0.015, gt=0, le=1)
     algorithm: UvmAlgorithm = UvmAlgorithm.lru  # fbgemm's set-associative cache
@@ -99,7 +106,7 @@ class UvmCacheEmbeddingConfig:
 
 
 @dataclass
-class FreqCacheEmbeddingConfig:
+class FreqCacheEmbeddingConfig(EmbeddingConfig):
     _target_: str = "dlrm_cache.embedding.freq_cache.FreqCacheBackend"
     cache_ratio: float = checked(0.015, gt=0, le=1)  # fraction of all rows held in the device cache
     policy: CachePolicy = CachePolicy.freq
@@ -114,7 +121,7 @@ class FreqCacheEmbeddingConfig:
 
 # The backend registry: the name train's embedding=<name> and bench's backends=[...] take, and its
 # schema (whose _target_ is the backend class).
-EMBEDDING_SCHEMAS: dict[Backend, type] = {
+EMBEDDING_SCHEMAS: dict[Backend, type[EmbeddingConfig]] = {
     Backend.host: HostEmbeddingConfig,
     Backend.hbm: HbmEmbeddingConfig,
     Backend.uvm_cache: UvmCacheEmbeddingConfig,
@@ -124,8 +131,7 @@ EMBEDDING_SCHEMAS: dict[Backend, type] = {
 
 def backend_target(name: str) -> str:
     """The class (dotted path) of the backend ``name`` (a :class:`Backend` value)."""
-    target: str = EMBEDDING_SCHEMAS[Backend(name)]._target_
-    return target
+    return EMBEDDING_SCHEMAS[Backend(name)]._target_
 
 
 # --------------------------------------------------------------------------- commands
@@ -237,6 +243,6 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 
     if isinstance(cfg, DictConfig):
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
-    if dataclasses.is_dataclass(cfg):
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return dataclasses.asdict(cfg)
     return dict(cfg)

@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure, SubFigure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from .data.format import atomic_file  # noqa: E402
@@ -94,8 +94,11 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     per_table = series.get("per_table")
     fig = plt.figure(figsize=(11, 4.6 + (0.26 * len(per_table) + 1.2 if per_table else 0)), layout="constrained")
     fig.suptitle(_wrap(title, 120), fontsize=11)
+    top: Figure | SubFigure
+    bottom: SubFigure | None
     if per_table:
-        top, bottom = fig.subfigures(2, 1, height_ratios=[4.6, 0.26 * len(per_table) + 1.2])
+        # matplotlib's stubs type the 2x1 grid as a single SubFigure
+        top, bottom = fig.subfigures(2, 1, height_ratios=[4.6, 0.26 * len(per_table) + 1.2])  # type: ignore[misc]
     else:
         top, bottom = fig, None
     ax = top.subplots()
@@ -120,9 +123,9 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     mem.set_ylabel("cache GPU memory (MiB)")
     mem.set_ylim(0, max(series["cache_mib"]) * 1.15 or 1)
     handles = ax.get_legend_handles_labels()[0] + mem.get_legend_handles_labels()[0]
-    top.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="outside lower center", ncols=3)
+    top.legend(handles, [str(h.get_label()) for h in handles], fontsize=8, loc="outside lower center", ncols=3)
     ax.set_title("Hit rate and memory per cache ratio", fontsize=10)
-    if bottom is not None:
+    if bottom is not None and per_table:
         _draw_table_heatmap(bottom.subplots(), per_table, x)
     return save_png(fig, path)
 

@@ -37,6 +37,13 @@ class RunRecord:
     def name(self) -> str:
         return _short_path(self.path)
 
+    @property
+    def final(self) -> dict[str, Any]:
+        """The summary of a finished run (a :class:`Sweep` holds only those)."""
+        if self.summary is None:
+            raise ValueError(f"{self.path}: the run has not finished (no {SUMMARY})")
+        return self.summary
+
     def placement(self) -> str:
         return str(self.config.get("embedding", {}).get("_target_", "?")).rsplit(".", 1)[-1]
 
@@ -181,7 +188,7 @@ def compare(runs: list[RunRecord]) -> Sweep:
     flat = [flat_config(r.config) for r in done]
     keys = sorted({k for f in flat for k in f if k not in _NOT_SWEPT
                    and len({repr(g.get(k)) for g in flat}) > 1})
-    values = [[f.get(k) for k in keys] for f in flat]
+    values: list[list[Any]] = [[f.get(k) for k in keys] for f in flat]
     numeric = len(keys) == 1 and all(isinstance(v[0], (int, float)) and not isinstance(v[0], bool) for v in values)
     if numeric:
         order = sorted(range(len(done)), key=lambda i: values[i][0])
@@ -255,16 +262,16 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
     runs, x = sweep.runs, sweep.x
     xlabel = sweep.keys[0] if sweep.numeric else "run"
     is_ratio = sweep.numeric and sweep.keys[0].endswith("cache_ratio")
-    common = dict(xscale="log" if is_ratio else "linear", x_percent=is_ratio,
+    common: dict[str, Any] = dict(xscale="log" if is_ratio else "linear", x_percent=is_ratio,
                   xticks=None if sweep.numeric else sweep.labels)
     if is_ratio:
         xlabel = "cache ratio (share of all embedding rows in the cache)"
 
     def pick(key: str) -> tuple[list[float], list[float]]:
-        pts = [(xi, r.summary[key]) for xi, r in zip(x, runs) if key in r.summary]
+        pts = [(xi, r.final[key]) for xi, r in zip(x, runs) if key in r.final]
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    oracle = [r.summary["oracle_auc"] for r in runs if "oracle_auc" in r.summary]
+    oracle = [r.final["oracle_auc"] for r in runs if "oracle_auc" in r.final]
     panels = [
         Panel("val_auc", "Final validation AUC", xlabel, "AUC", [Line("val AUC (end of run)", *pick("val_auc"), annotate=_few(x, ".4f"))],
               hlines=[(f"planted model (oracle) AUC {oracle[0]:.4f}", oracle[0])] if oracle else [], **common),
@@ -281,8 +288,8 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
     if hit[0].x or pred:
         panels.append(Panel("hit_rate", "Cache hit rate: measured vs planned", xlabel, "hit rate",
                             [line for line in hit if line.x], **common))
-    loaded = [(xi, r.summary["embedding_rows_loaded"] / r.summary["steps"]) for xi, r in zip(x, runs)
-              if "embedding_rows_loaded" in r.summary and r.summary["steps"]]
+    loaded = [(xi, r.final["embedding_rows_loaded"] / r.final["steps"]) for xi, r in zip(x, runs)
+              if "embedding_rows_loaded" in r.final and r.final["steps"]]
     if loaded:
         panels.append(Panel("rows_loaded", "Cache traffic", xlabel, "rows loaded per training step",
                             [Line("rows loaded (host to cache)", [p[0] for p in loaded], [p[1] for p in loaded],
@@ -331,7 +338,7 @@ def sweep_markdown(sweep: Sweep, where: str) -> str:
            "| hit rate | plan's hit rate |", "|---" * (7 + max(1, len(sweep.keys))) + "|"]
     flat = [flat_config(r.config) for r in sweep.runs]
     for r, f, p in zip(sweep.runs, flat, sweep.predicted):
-        s = r.summary
+        s = r.final
         vals = " | ".join("-" if f.get(k) is None else _short(f.get(k)) for k in sweep.keys) or "same"
         out.append(f"| {r.name} | {vals} | {s['steps']:,} | {_fmt(s.get('val_auc', math.nan))} "
                    f"| {_fmt(s.get('val_logloss', math.nan))} | {_fmt(s.get('train_samples_per_s', math.nan))} "

@@ -71,9 +71,3 @@ def _cpu_seconds() -> float:
     """CPU time of this process, all threads (on a shared machine, what the work costs)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def _cpu_seconds() -> float:
-    """CPU time of this process, all threads (on a shared machine, what the work costs)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..data.format import NUM_DENSE
 from ..data.loader import OneIdPerSample
@@ -43,7 +44,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
                                batch_size=cfg.batch_size)
         t_an = t_pre = 0.0
         timed_end = cfg.warmup + cfg.iters
-        total, window = timed_end + cfg.sync_count_batches, deque()
+        total, window = timed_end + cfg.sync_count_batches, deque[KeyedJaggedTensor]()
         counter, stats = HostSyncCounter(), None
         # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
         for i in range(total + cfg.lookahead):

@@ -152,5 +152,4 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     }
     if split_iters:
         result.update(precision=v.precision.value, compile=v.compile, breakdown_ms=clock.result())
-    del emb
     return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from .base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim
@@ -15,6 +16,7 @@ from .tbe import CACHE_ALGORITHMS, make_tbe, momentum_view, weights_view
 
 
 class TbeBackend(EmbeddingBackend):
+    tbe: SplitTableBatchedEmbeddingBagsCodegen  # set in __init__, outside the module's registry
     location: EmbeddingLocation = EmbeddingLocation.HOST
     config_name = "host"  # the embedding= option that selects it (for messages)
 

@@ -34,6 +34,8 @@ class DotInteraction(nn.Module):
     bit-identical to torchrec's, forward and backward (tests/model/test_dlrm.py).
     """
 
+    pair_index: torch.Tensor  # a buffer (registered in __init__)
+
     def __init__(self, num_sparse_features: int, device: torch.device | None = None) -> None:
         super().__init__()
         n = num_sparse_features + 1

@@ -35,7 +35,8 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     the frequency statistics; ``None`` means the tables are whole.
     """
     optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
-    wants_counts = get_class(cfg.embedding._target_).uses_counts
+    backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
+    wants_counts = backend.uses_counts
     counts = None
     if wants_counts:
         from ..data.stats import load_counts
@@ -46,7 +47,7 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
 
     def make(tables: list[TableSpec], shards: list[Shard] | None = None) -> EmbeddingBackend:
         extra = {}
-        if wants_counts:
+        if counts is not None:
             ranges = shards or [Shard(t.name, 0, t.num_rows, t.num_rows) for t in tables]
             extra["counts"] = {s.name: counts[s.table][s.lo : s.hi] for s in ranges}
         return partial(tables=tables, optim=optim, device=device, **extra)
@@ -67,7 +68,8 @@ def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOpt
     """
     budget = host_budget(cfg, 1)
     table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
-    copies = 2 if get_class(cfg.embedding._target_).keeps_rows_in_host_memory else 1
+    backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
+    copies = 2 if backend.keeps_rows_in_host_memory else 1
     if table_bytes * copies > budget:
         raise ValueError(
             f"host_memory_gb: the embedding tables take {table_bytes / 2**30:.2f} GiB "

@@ -4,6 +4,7 @@ Embedding rows are updated inside fbgemm's backward (``embedding.base.SparseOpti
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -14,7 +15,7 @@ from omegaconf import DictConfig
 FUSED_DEVICES = {"sgd": {"cpu", "cuda"}, "adam": {"cpu", "cuda"}, "adagrad": {"cpu"}}
 
 
-def dense_optimizer_impl(name: str, device: torch.device) -> dict[str, bool]:
+def dense_optimizer_impl(name: str, device: torch.device) -> dict[str, Any]:
     """``fused=True`` where the device has the fused kernel, else ``foreach=True``."""
     if device.type in FUSED_DEVICES.get(name, set()):
         return {"fused": True}
