@@ -17,7 +17,7 @@ Hydra: registering the schemas with it is :mod:`.configstore`'s job.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -150,7 +150,7 @@ class TrainConfig:
     test: bool = False  # also evaluate on the test split at the end
     log_every: int = checked(50, ge=1)  # metrics.jsonl train record every N steps
     checkpoint_every: int = checked(0, ge=0)  # steps between checkpoints (0: only at the end)
-    resume: Optional[str] = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
+    resume: str | None = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
     shard_rows_above: int = checked(0, ge=0)  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
@@ -170,8 +170,8 @@ class PlanConfig:
     ratios: list[float] = checked(factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1], gt=0, le=1, nonempty=True)
     embedding_dim: int = checked(128, ge=1)  # for the memory column
     per_table: bool = False  # also print each table's hit rate (and draw it)
-    output: Optional[str] = None  # write the predictions as JSON here
-    figure: Optional[str] = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
+    output: str | None = None  # write the predictions as JSON here
+    figure: str | None = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
     static_fraction: float = checked(FreqCacheEmbeddingConfig.static_fraction, ge=0, le=1)  # as embedding.static_fraction
     lookahead: int = checked(FreqCacheEmbeddingConfig.lookahead, ge=0)  # as embedding.lookahead: batches fetched ahead
     # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
@@ -208,9 +208,9 @@ class BenchConfig:
     lr: float = checked(0.01, ge=0)
     seed: int = checked(0, ge=0)
     device: str = checked("auto", pattern=DEVICE)
-    output: Optional[str] = None  # JSON results (also printed as a table)
-    figure: Optional[str] = MISSING  # the results as a PNG (set in bench.yaml; null: none)
-    data_path: Optional[str] = None  # loader kind: a processed dataset (its train split is read)
+    output: str | None = None  # JSON results (also printed as a table)
+    figure: str | None = MISSING  # the results as a PNG (set in bench.yaml; null: none)
+    data_path: str | None = None  # loader kind: a processed dataset (its train split is read)
     shuffle: bool = True  # loader kind: shuffled as training reads it
     epochs: int = checked(3, ge=1)  # loader kind: passes over the train split (the first also warms the page cache)
     prefetch_batches: int = checked(4, ge=1)  # loader kind: the loader thread's queue, as data.prefetch_batches
@@ -221,7 +221,7 @@ class ReportConfig:
     """`dlrm-cache report`: figures of run directories (train's run dir, or a -m sweep directory)."""
 
     runs: list[str] = field(default_factory=list)  # run directories, or one sweep directory
-    output: Optional[str] = None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
+    output: str | None = None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
     worst_tables: int = checked(3, ge=0)  # per-table hit rates drawn for this many tables with the lowest hit rate
 
 

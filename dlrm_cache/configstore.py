@@ -25,6 +25,7 @@ from .config import (
 )
 from .data.config import PreprocessConfig, SynthConfig
 
+
 def config_dir() -> str:
     """Absolute path of the shipped configs, whatever the working directory or install mode.
 

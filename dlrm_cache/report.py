@@ -15,9 +15,21 @@ from omegaconf import DictConfig
 
 from .config import flatten
 from .data.format import atomic_write_text
-from .panels import Line, Panel
 from .data.stats import SUMMARY as STATS_SUMMARY
-from .rundir import EVAL, METRICS, REPORT_MD, REPORT_PNG, START, SUMMARY, TRAIN, is_run_dir, read_records, read_summary
+from .panels import Line, Panel
+from .rundir import (
+    EVAL,
+    METRICS,
+    REPORT_MD,
+    REPORT_PNG,
+    START,
+    SUMMARY,
+    TRAIN,
+    is_run_dir,
+    read_records,
+    read_summary,
+)
+
 # config keys that differ between any two runs without describing what was compared (data.path:
 # compare() has checked that every run read the same dataset, however its path was written)
 _NOT_SWEPT = {"run_dir", "resume", "progress", "data.path"}

@@ -11,7 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_cache.data.format import (
-    DENSE_NAMES, LABEL, SCHEMA_VERSION, SPARSE_NAMES, Manifest, SplitInfo,
+    DENSE_NAMES,
+    LABEL,
+    SCHEMA_VERSION,
+    SPARSE_NAMES,
+    Manifest,
+    SplitInfo,
 )
 
 

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from dlrm_cache.bench.breakdown import BETWEEN, PHASES, PhaseClock, split_step
 from dlrm_cache.bench.run import bench
+from dlrm_cache.cache_sizing import plan
 from dlrm_cache.config import BenchConfig, PlanConfig, Precision
 from dlrm_cache.data.loader import OneIdPerSample
 from dlrm_cache.data.stats import load_counts
@@ -20,7 +21,6 @@ from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import plan_table
 from dlrm_cache.model.dlrm import DLRM
-from dlrm_cache.cache_sizing import plan
 from dlrm_cache.train.optim import dense_optimizer
 
 

@@ -16,14 +16,21 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from dlrm_cache.bench.run import bench, bench_series
+from dlrm_cache.cache_sizing import plan, plan_series
 from dlrm_cache.cli import main, split_run_dirs
 from dlrm_cache.config import BenchConfig, PlanConfig
 from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache.plan import plan_table
-from dlrm_cache.cache_sizing import plan, plan_series
-from dlrm_cache.report import compare, find_runs, load_run, run_panels, sweep_panels, worst_hit_tables
+from dlrm_cache.report import (
+    compare,
+    find_runs,
+    load_run,
+    run_panels,
+    sweep_panels,
+    worst_hit_tables,
+)
 from dlrm_cache.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa

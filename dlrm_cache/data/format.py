@@ -72,7 +72,7 @@ class Manifest:
         atomic_write_text(Path(directory) / MANIFEST, json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, key: str = "data.path") -> "Manifest":
+    def load(cls, directory: str | os.PathLike, key: str = "data.path") -> Manifest:
         """``key``: the config key that named ``directory`` (the error for a missing manifest says it)."""
         path = Path(directory) / MANIFEST
         if not path.exists():

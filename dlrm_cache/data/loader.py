@@ -31,7 +31,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from .format import LABEL, Manifest
 
-
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
 
@@ -107,7 +106,7 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def rows(self, lo: int, hi: int) -> "_Columns":
+    def rows(self, lo: int, hi: int) -> _Columns:
         return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi])
 
 
@@ -343,7 +342,7 @@ class Prefetcher:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 
-    def __iter__(self) -> "Prefetcher":
+    def __iter__(self) -> Prefetcher:
         return self
 
     def __next__(self):

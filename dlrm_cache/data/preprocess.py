@@ -36,10 +36,11 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -64,7 +65,16 @@ from .format import (
     replace_dir,
     sha256_file,
 )
-from .stats import COUNTS, SUMMARY, FeatureStats, IdCounter, format_summary, rank_feature, summarize, write_counts
+from .stats import (
+    COUNTS,
+    SUMMARY,
+    FeatureStats,
+    IdCounter,
+    format_summary,
+    rank_feature,
+    summarize,
+    write_counts,
+)
 
 SETTINGS = "preprocess.json"  # inputs + settings of the build, compared on re-runs
 _OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS}

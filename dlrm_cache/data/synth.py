@@ -29,12 +29,13 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, BinaryIO, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa

@@ -30,7 +30,13 @@ from omegaconf import DictConfig
 
 from ..config import config_dict, flatten
 from ..data.format import (
-    Manifest, WriteError, atomic_write_text, fsync_path, one_line, recover_dir, replace_dir,
+    Manifest,
+    WriteError,
+    atomic_write_text,
+    fsync_path,
+    one_line,
+    recover_dir,
+    replace_dir,
 )
 from ..parallel.placement import parse_key
 

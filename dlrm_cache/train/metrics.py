@@ -100,7 +100,7 @@ class StatsTotals:
             else:
                 self.sums[k] = self.sums.get(k, 0.0) + v
 
-    def combine(self, others: list["StatsTotals"]) -> "StatsTotals":
+    def combine(self, others: list[StatsTotals]) -> StatsTotals:
         out = StatsTotals()
         for o in others:
             for k, v in o.sums.items():

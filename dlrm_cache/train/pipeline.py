@@ -82,7 +82,7 @@ class Pipeline:
         if self.lookahead:
             self.backend.cancel_prefetch()  # batches fetched past the last step are never trained
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_freq_cache import assert_tables_equal, make_batch, make_counts, make_tables, random_state
 
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.direct import HbmBackend, UvmCacheBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
-
-from test_freq_cache import assert_tables_equal, make_batch, make_counts, make_tables, random_state
 
 pytestmark = [
     pytest.mark.gpu,

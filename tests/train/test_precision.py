@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.errors import ConfigCompositionException
+from test_train import _params, base_overrides, compose_train
 
 from dlrm_cache.config import Precision
 from dlrm_cache.data.loader import OneIdPerSample
@@ -26,11 +27,9 @@ from dlrm_cache.embedding.freq_cache import FreqCacheBackend
 from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.train.checkpoint import find_checkpoint
 from dlrm_cache.train.loop import train
-from dlrm_cache.train.pipeline import Pipeline
 from dlrm_cache.train.optim import dense_optimizer
+from dlrm_cache.train.pipeline import Pipeline
 from dlrm_cache.train.step import set_matmul_precision
-
-from test_train import _params, base_overrides, compose_train
 
 SETTINGS = [("fp32", False), ("tf32", False), ("bf16", False), ("fp32", True), ("tf32", True), ("bf16", True)]
 

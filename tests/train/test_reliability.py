@@ -23,10 +23,9 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import DictConfig
+from test_train import _params as params
 
 from dlrm_cache.train.checkpoint import find_checkpoint
-
-from test_train import _params as params
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["dlrm_cache.train.loop", "test_reliability"])  # what the children run

@@ -68,7 +68,15 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim, takes_prefetched
+from ..base import (
+    DeviceUnavailable,
+    EmbeddingBackend,
+    SparseOptim,
+    TableSpec,
+    pooled,
+    shared_dim,
+    takes_prefetched,
+)
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
 from .plan import cache_layout
