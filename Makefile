@@ -14,7 +14,7 @@ NPROC         ?= 2
 # the default job's data.batch_size (configs/data/synth.yaml): the window `plan` sizes holds 3 of them
 PLAN_BATCH    ?= 1024
 
-.PHONY: help install train test data train-dist bench plan gpu-extra clean
+.PHONY: help install train test lint format data train-dist bench plan gpu-extra clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip "setuptools>=68" wheel
 	$(BIN)/pip install --quiet $(TORCH_PINS) $(TORCHREC_DEPS)
 	$(BIN)/pip install --quiet --no-deps $(TORCHREC_PIN)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,lint]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv with everything (idempotent)
@@ -47,6 +47,13 @@ bench: $(STAMP) ## embedding-layer benchmark (see README: on the GPU machine for
 
 test: $(STAMP) ## install and run the test suite
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP) ## ruff (lint rules in pyproject.toml) and mypy on dlrm_cache/
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+format: $(STAMP) ## rewrite the sources in ruff's format (line length 100)
+	$(BIN)/ruff format .
 
 # The GPU machine has no network and no pytest: carry pytest (pure Python) beside the bundle.
 GPU_EXTRA_PKGS := pytest _pytest pluggy iniconfig packaging pygments py.py

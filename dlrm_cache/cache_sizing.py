@@ -42,7 +42,10 @@ def plan(cfg: DictConfig) -> list[dict]:
     rows = plan_table(counts, list(cfg.ratios), cfg.static_fraction, cfg.lookahead, cfg.batch_size)
     bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(cfg.embedding_dim)
     total_rows = sum(manifest.table_sizes)
-    mib = lambda n: cache_mib(n, bytes_per_row)  # noqa: E731
+
+    def mib(n: int) -> float:
+        return cache_mib(n, bytes_per_row)
+
     print(f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
           f"{mib(total_rows):,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
           f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}")

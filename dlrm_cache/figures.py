@@ -14,12 +14,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure, SubFigure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from .data.format import atomic_file  # noqa: E402
-from .panels import Panel  # noqa: E402
+from .data.format import atomic_file
+from .panels import Panel
 
 DPI = 100
 

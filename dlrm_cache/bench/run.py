@@ -74,7 +74,7 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
             r = run_one(cfg, v, tables, batches, device, counts)
         except DeviceUnavailable as e:  # e.g. a CUDA-only backend on a CPU machine
             r = {"variant": v.label, "error": str(e).splitlines()[0]}
-        except Exception as e:  # noqa: BLE001 -- reported below and fails the run, after the other rows
+        except Exception as e:  # reported below and fails the run, after the other rows ran
             traceback.print_exc(file=sys.stderr)
             r = {"variant": v.label, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                  "crashed": True}

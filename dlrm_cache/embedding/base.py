@@ -144,7 +144,7 @@ class EmbeddingBackend(nn.Module):
         raise NotImplementedError
 
     # -- placement-independent checkpoints -----------------------------------------------------
-    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401 (torch hook)
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # torch's hook
         self.flush()
         for key, value in self.export_tables().items():
             destination[prefix + key] = value
