@@ -42,7 +42,7 @@ train-dist: data ## the same job as `make train` over NPROC processes (torchrun,
 plan: data ## predicted cache hit rate per cache ratio for the default data and its batch size
 	$(BIN)/dlrm-cache plan batch_size=$(PLAN_BATCH)
 
-bench: $(STAMP) ## embedding-layer benchmark (see README: on the GPU machine for real numbers)
+bench: $(STAMP) ## embedding-layer benchmark (docs/benchmarks.md: real numbers need a GPU)
 	$(BIN)/dlrm-cache bench
 
 test: $(STAMP) ## install and run the test suite
@@ -55,9 +55,9 @@ lint: $(STAMP) ## ruff (lint rules in pyproject.toml) and mypy on dlrm_cache/
 format: $(STAMP) ## rewrite the sources in ruff's format (line length 100)
 	$(BIN)/ruff format .
 
-# The GPU machine has no network and no pytest: carry pytest (pure Python) beside the bundle.
+# A GPU machine without a network nor pytest (an offline bundle): carry pytest (pure Python) there.
 GPU_EXTRA_PKGS := pytest _pytest pluggy iniconfig packaging pygments py.py
-gpu-extra: $(STAMP) ## pack pytest for the GPU machine into .gpu-extra/ (carry it with .gpu-bundle)
+gpu-extra: $(STAMP) ## pack pytest into .gpu-extra/ for an offline GPU machine (scripts/gpu_check.sh)
 	mkdir -p .gpu-extra
 	cd $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
 	  tar --exclude=__pycache__ -czf $(CURDIR)/.gpu-extra/pytest.tar.gz.tmp \

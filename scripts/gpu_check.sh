@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# Everything this project checks on the GPU machine (the device tool gives ~30 min in all):
-#   ../shared/gpu-bundle/stage && make gpu-extra   # once, on this side: the offline bundle + pytest
-#   device run, carry [".gpu-bundle", ".gpu-extra"]:
-#       source .gpu-bundle/activate && bash scripts/gpu_check.sh [PART...]
-# PART: tests, embedding, train, planning, precision (default: all five); feed (issue 10, target 2:
-# the loader and `train` against `bench kind=train` in one lease -- about 8 minutes, run it in its own
-# call).  One device command may run 10
-# minutes; if the whole set does not fit, run the parts in separate calls.
-# Results (test log, benchmark JSON and tables) go to $OUT, which the device tool brings back.
+# Everything this project checks on a GPU, in one call, from the repository root of a CUDA install
+# (README: set-up on a CUDA machine):   bash scripts/gpu_check.sh [PART...]
+# PART: tests, embedding, train, planning, precision (default: all five); feed (the loader and
+# `train` against `bench kind=train` on a generated 8M-line set -- about 8 minutes, run it on its own).
+# Results (test log, benchmark JSON, tables and figures) go to $OUT (default gpu-results/).
+# A machine without pytest (an offline bundle) can carry it as .gpu-extra/pytest.tar.gz (make gpu-extra).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -39,8 +36,8 @@ want train && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embeddi
 want planning && python3 -m dlrm_cache bench kind=planning cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     cache_ratios=[0.005,0.015,0.05] device=cuda output="$OUT/bench-planning.json" figure="$OUT/bench-planning.png" 2>&1 \
     | grep --line-buffered -v "^W1" > "$OUT/bench-planning.txt"
-# 5. feeding the step (issue 10): the loader alone, then the real command vs the bench step, hbm and
-# freq_cache, on the Kaggle-shaped synthetic set of ../shared/measurements/h100-2026-11-23 (8M lines)
+# 5. feeding the step: the loader alone, then the real command vs the bench step, hbm and
+# freq_cache, on a Kaggle-shaped synthetic set (8M lines)
 if want feed; then
     K=/tmp/feed
     [ -f $K/processed/manifest.json ] || { python3 -m dlrm_cache synth output=$K/raw lines=8000000 \
