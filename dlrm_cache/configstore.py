@@ -54,7 +54,9 @@ def _run_id() -> str:
         return f"{time.strftime('%Y-%m-%d')}/{rid}"
     if "MASTER_PORT" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
         # torchrun without --rdzv-id: every rank sees the same master address/port and group.
-        key = "|".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE"))
+        key = "|".join(
+            os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")
+        )
         return f"{time.strftime('%Y-%m-%d')}/torchrun-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     return time.strftime("%Y-%m-%d/%H-%M-%S")
 

@@ -22,7 +22,9 @@ def _schema_of(raw: DictConfig) -> DictConfig:
     """The schema a YAML file names first in its defaults list (``train_schema``,
     ``/data_schema@_here_``), as registered with Hydra."""
     register_configs()
-    first = next(d for d in raw.defaults if isinstance(d, str) and d.split("@")[0].endswith("_schema"))
+    first = next(
+        d for d in raw.defaults if isinstance(d, str) and d.split("@")[0].endswith("_schema")
+    )
     name = first.split("@")[0].lstrip("/")
     node = ConfigStore.instance().load(config_path=f"{name}.yaml").node
     assert isinstance(node, DictConfig)
@@ -36,7 +38,13 @@ def _default_options() -> set[str]:
 
 
 def _plain(v: Any) -> Any:
-    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else str(v) if hasattr(v, "value") else v
+    return (
+        [_plain(x) for x in v]
+        if isinstance(v, (list, tuple))
+        else str(v)
+        if hasattr(v, "value")
+        else v
+    )
 
 
 def violations(rel: str) -> list[str]:
@@ -45,8 +53,16 @@ def violations(rel: str) -> list[str]:
     assert isinstance(raw, DictConfig)
     schema = _schema_of(raw)
     # a non-default option of a group with several (data/criteo_kaggle.yaml) exists to differ
-    preset = "/" in rel and rel not in _default_options() and len(list((CONFIGS / rel).parent.glob("*.yaml"))) > 1
-    sets = {k: v for k, v in flatten(OmegaConf.to_container(raw)).items() if k.split(".")[0] not in ("defaults", "hydra")}
+    preset = (
+        "/" in rel
+        and rel not in _default_options()
+        and len(list((CONFIGS / rel).parent.glob("*.yaml"))) > 1
+    )
+    sets = {
+        k: v
+        for k, v in flatten(OmegaConf.to_container(raw)).items()
+        if k.split(".")[0] not in ("defaults", "hydra")
+    }
     out = []
     for key, value in sets.items():
         if isinstance(value, str) and "${" in value:  # an interpolation: what a schema cannot say
@@ -61,8 +77,10 @@ def violations(rel: str) -> list[str]:
             continue
         else:
             default = _plain(OmegaConf.to_container(node)[leaf])
-            out.append(f"{rel}: {key}: {value!r} {'restates' if default == value else 'overrides'} "
-                       f"the schema's default {default!r}")
+            out.append(
+                f"{rel}: {key}: {value!r} {'restates' if default == value else 'overrides'} "
+                f"the schema's default {default!r}"
+            )
     return out
 
 
@@ -77,14 +95,20 @@ def test_the_check_sees_a_restated_and_a_contradicting_default(tmp_path: Path, m
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIGS, configs)
-    (configs / "train.yaml").write_text((CONFIGS / "train.yaml").read_text() + "seed: 0\nepochs: 3\n")
-    (configs / "model" / "small.yaml").write_text((CONFIGS / "model" / "small.yaml").read_text() + "embedding_dim: 16\n")
+    (configs / "train.yaml").write_text(
+        (CONFIGS / "train.yaml").read_text() + "seed: 0\nepochs: 3\n"
+    )
+    (configs / "model" / "small.yaml").write_text(
+        (CONFIGS / "model" / "small.yaml").read_text() + "embedding_dim: 16\n"
+    )
     monkeypatch.setitem(globals(), "CONFIGS", configs)
     assert violations("train.yaml") == [
         "train.yaml: seed: 0 restates the schema's default 0",
         "train.yaml: epochs: 3 overrides the schema's default 1",
     ]
-    assert violations("model/small.yaml") == ["model/small.yaml: embedding_dim: 16 restates the schema's default 16"]
+    assert violations("model/small.yaml") == [
+        "model/small.yaml: embedding_dim: 16 restates the schema's default 16"
+    ]
 
 
 def test_help_offers_only_the_yaml_options(capsys) -> None:

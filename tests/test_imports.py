@@ -40,7 +40,9 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
                 if node.level:
                     parts = pkg.split(".")
                     base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+                ]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -128,6 +130,9 @@ def test_the_check_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
 
 
 def test_choices_and_schemas_import_without_hydra() -> None:
-    code = "import sys, dlrm_cache.choices, dlrm_cache.config, dlrm_cache.model.dlrm; print('hydra' in sys.modules)"
+    code = (
+        "import sys, dlrm_cache.choices, dlrm_cache.config, dlrm_cache.model.dlrm; "
+        "print('hydra' in sys.modules)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert res.stdout.strip() == "False", res.stderr

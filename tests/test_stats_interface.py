@@ -23,7 +23,9 @@ def test_uvm_cache_stats_are_read_without_resetting() -> None:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     tables = [TableSpec("a", 1000, 8), TableSpec("b", 500, 8)]
-    emb = UvmCacheBackend(tables, SparseOptim("rowwise_adagrad", 0.01), device="cuda", cache_ratio=0.1)
+    emb = UvmCacheBackend(
+        tables, SparseOptim("rowwise_adagrad", 0.01), device="cuda", cache_ratio=0.1
+    )
     ids = torch.arange(64, dtype=torch.int64)
     kjt = KeyedJaggedTensor.from_lengths_sync(
         ["a", "b"], torch.cat([ids, ids]).cuda(), torch.ones(128, dtype=torch.int32).cuda()

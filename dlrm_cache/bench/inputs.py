@@ -20,7 +20,9 @@ def zipf_probabilities(rows: int, alpha: float) -> np.ndarray:
     return p / p.sum()
 
 
-def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: int) -> list[np.ndarray]:
+def make_batches(
+    table_rows: list[int], batch: int, n: int, alpha: float, seed: int
+) -> list[np.ndarray]:
     """``n`` batches of ids, each [B, T] int64 (one id per sample and table, as in the shards)."""
     rng = np.random.default_rng(seed)
     cdfs = {rows: np.cumsum(zipf_probabilities(rows, alpha)) for rows in set(table_rows)}
@@ -44,9 +46,15 @@ def init_device(device: torch.device) -> None:
         torch.zeros(1, device=device)
 
 
-def host_batches(layout: OneIdPerSample, dense: torch.Tensor, ids: list[np.ndarray], labels: torch.Tensor,
-                 pin: bool) -> list[Batch]:
-    """Batches as the loader makes them (feature-major int32 ids, pinned for a GPU) from [B, T] ids."""
+def host_batches(
+    layout: OneIdPerSample,
+    dense: torch.Tensor,
+    ids: list[np.ndarray],
+    labels: torch.Tensor,
+    pin: bool,
+) -> list[Batch]:
+    """Batches as the loader makes them (feature-major int32 ids, pinned for a GPU) from [B, T]
+    ids."""
     if pin:
         dense, labels = dense.pin_memory(), labels.pin_memory()
     out = []
@@ -69,10 +77,15 @@ def bench_tables(cfg: DictConfig) -> list[TableSpec]:
         sizes = [cfg.rows_per_table] * cfg.num_tables
     else:
         sizes = [max(4, math.ceil(c * cfg.cardinality_scale)) for c in KAGGLE_CARDINALITIES]
-    return [TableSpec(SPARSE_NAMES[i] if i < len(SPARSE_NAMES) else f"T{i}", n, cfg.embedding_dim)
-            for i, n in enumerate(sizes)]
+    return [
+        TableSpec(SPARSE_NAMES[i] if i < len(SPARSE_NAMES) else f"T{i}", n, cfg.embedding_dim)
+        for i, n in enumerate(sizes)
+    ]
 
 
 def zipf_counts(tables: list[TableSpec], alpha: float) -> dict[str, np.ndarray]:
     """The frequency statistics a preprocessing pass over this data would have produced."""
-    return {t.name: np.round(zipf_probabilities(t.num_rows, alpha) * 1e9).astype(np.int64) for t in tables}
+    return {
+        t.name: np.round(zipf_probabilities(t.num_rows, alpha) * 1e9).astype(np.int64)
+        for t in tables
+    }

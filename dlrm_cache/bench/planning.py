@@ -36,12 +36,21 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     keys = [t.name for t in tables]
     b = cfg.batch_size
     dense, labels = torch.zeros(b, NUM_DENSE), torch.zeros(b)
-    host = host_batches(OneIdPerSample(keys), dense, batches, labels, pin=device.type == "cuda")  # pinned as the loader makes them
+    host = host_batches(
+        OneIdPerSample(keys), dense, batches, labels, pin=device.type == "cuda"
+    )  # pinned as the loader makes them
     results = []
     for ratio in cfg.cache_ratios:
-        emb = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad", cfg.lr), device=device,
-                               cache_ratio=ratio, counts=counts, lookahead=cfg.lookahead, policy=cfg.policy,
-                               batch_size=cfg.batch_size)
+        emb = FreqCacheBackend(
+            tables,
+            SparseOptim("rowwise_adagrad", cfg.lr),
+            device=device,
+            cache_ratio=ratio,
+            counts=counts,
+            lookahead=cfg.lookahead,
+            policy=cfg.policy,
+            batch_size=cfg.batch_size,
+        )
         t_an = t_pre = 0.0
         timed_end = cfg.warmup + cfg.iters
         total, window = timed_end + cfg.sync_count_batches, deque[KeyedJaggedTensor]()
@@ -73,23 +82,39 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
         if stats is None:  # nothing ran after the timed batches
             stats, stats_all = stats_all, {k: 0.0 for k in stats_all}
         n = max(1, cfg.sync_count_batches)
-        r = {"variant": f"freq_cache {ratio:.1%} {cfg.policy} planning", "analyze_ms": 1000 * t_an / cfg.iters,
-             "prefetch_ms": 1000 * t_pre / cfg.iters, "hit_rate": stats["hit_rate"],
-             "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters, "stats": stats,
-             "host_syncs_per_batch": counter.total_syncs / n, "aten_ops_per_batch": counter.total_ops / n,
-             "sorts_per_batch": (counter.ops["sort"] + counter.ops["topk"]) / n,
-             "host_syncs_by_kind": {k: v / n for k, v in sorted(counter.syncs.items())},
-             "deferred_batches_all": stats_all["deferred_batches"] + stats["deferred_batches"],
-             "overflow_batches_all": stats_all["overflow_batches"] + stats["overflow_batches"]}
-        print(f"  {r['variant']:<28} analyze (loader thread) {r['analyze_ms']:7.2f} ms/batch  "
-              f"prefetch (training thread, to a device sync) {r['prefetch_ms']:7.2f} ms/batch  hit {r['hit_rate']:.4f}  "
-              f"rows loaded/batch {r['rows_loaded_per_batch']:,.0f}  deferred {stats['deferred_batches']:.0f}"
-              f"  overflow {stats['overflow_batches']:.0f}", flush=True)
+        r = {
+            "variant": f"freq_cache {ratio:.1%} {cfg.policy} planning",
+            "analyze_ms": 1000 * t_an / cfg.iters,
+            "prefetch_ms": 1000 * t_pre / cfg.iters,
+            "hit_rate": stats["hit_rate"],
+            "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters,
+            "stats": stats,
+            "host_syncs_per_batch": counter.total_syncs / n,
+            "aten_ops_per_batch": counter.total_ops / n,
+            "sorts_per_batch": (counter.ops["sort"] + counter.ops["topk"]) / n,
+            "host_syncs_by_kind": {k: v / n for k, v in sorted(counter.syncs.items())},
+            "deferred_batches_all": stats_all["deferred_batches"] + stats["deferred_batches"],
+            "overflow_batches_all": stats_all["overflow_batches"] + stats["overflow_batches"],
+        }
+        print(
+            f"  {r['variant']:<28} analyze (loader thread) {r['analyze_ms']:7.2f} ms/batch  "
+            f"prefetch (training thread, to a device sync) {r['prefetch_ms']:7.2f} ms/batch  "
+            f"hit {r['hit_rate']:.4f}  "
+            f"rows loaded/batch {r['rows_loaded_per_batch']:,.0f}  "
+            f"deferred {stats['deferred_batches']:.0f}"
+            f"  overflow {stats['overflow_batches']:.0f}",
+            flush=True,
+        )
         kinds = " ".join(f"{k} {v:g}" for k, v in r["host_syncs_by_kind"].items())
-        print(f"  {'':<28} per batch (analyze+prefetch+forward, {cfg.sync_count_batches} batches): host syncs "
-              f"{r['host_syncs_per_batch']:g} ({kinds})  aten ops {r['aten_ops_per_batch']:g}  "
-              f"sort/topk {r['sorts_per_batch']:g}  window {stats['window_rows']:,.0f} rows "
-              f"(needed ~{stats['window_needed_rows']:,.0f}), static {stats['static_rows']:,.0f} rows", flush=True)
+        print(
+            f"  {'':<28} per batch (analyze+prefetch+forward, {cfg.sync_count_batches} batches): "
+            f"host syncs "
+            f"{r['host_syncs_per_batch']:g} ({kinds})  aten ops {r['aten_ops_per_batch']:g}  "
+            f"sort/topk {r['sorts_per_batch']:g}  window {stats['window_rows']:,.0f} rows "
+            f"(needed ~{stats['window_needed_rows']:,.0f}), "
+            f"static {stats['static_rows']:,.0f} rows",
+            flush=True,
+        )
         results.append(r)
         del emb
     return results

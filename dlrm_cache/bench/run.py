@@ -60,10 +60,15 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
     sizes = [t.num_rows for t in tables]
     batches = make_batches(sizes, cfg.batch_size, cfg.distinct_batches, cfg.zipf_alpha, cfg.seed)
     counts = zipf_counts(tables, cfg.zipf_alpha)
-    print(f"dlrm-cache bench kind={cfg.kind} device={device} tables={len(tables)} rows={sum(sizes):,} "
-          f"dim={cfg.embedding_dim} batch={cfg.batch_size} zipf_alpha={cfg.zipf_alpha} iters={cfg.iters}")
-    title = (f"dlrm-cache bench kind={cfg.kind} on {device}: {len(tables)} tables, {sum(sizes):,} rows, "
-             f"dim {cfg.embedding_dim}, batch {cfg.batch_size:,}")
+    print(
+        f"dlrm-cache bench kind={cfg.kind} device={device} tables={len(tables)} "
+        f"rows={sum(sizes):,} dim={cfg.embedding_dim} batch={cfg.batch_size} "
+        f"zipf_alpha={cfg.zipf_alpha} iters={cfg.iters}"
+    )
+    title = (
+        f"dlrm-cache bench kind={cfg.kind} on {device}: {len(tables)} tables, {sum(sizes):,} rows, "
+        f"dim {cfg.embedding_dim}, batch {cfg.batch_size:,}"
+    )
     if cfg.kind == "planning":
         results = planning(cfg, tables, batches, device, counts)
         _write(cfg, results, title)
@@ -76,11 +81,22 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
             r = {"variant": v.label, "error": str(e).splitlines()[0]}
         except Exception as e:  # reported below and fails the run, after the other rows ran
             traceback.print_exc(file=sys.stderr)
-            r = {"variant": v.label, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                 "crashed": True}
+            r = {
+                "variant": v.label,
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                "crashed": True,
+            }
         results.append(r)
         print(_row(r), flush=True)
-    base = next((r for name in ("hbm", "host") for r in results if r["variant"] == name and "error" not in r), None)
+    base = next(
+        (
+            r
+            for name in ("hbm", "host")
+            for r in results
+            if r["variant"] == name and "error" not in r
+        ),
+        None,
+    )
     if base:
         for r in results:
             if "error" not in r:
@@ -88,8 +104,11 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
         print(f"\nspeed relative to {base['variant']} (same run):")
         for r in results:
             if "error" not in r:
-                print(f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  {r['speed_vs_' + base['variant']]:6.3f}x"
-                      f"{_vs_same_setting(r, results, base['variant'])}")
+                print(
+                    f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms  "
+                    f"{r['speed_vs_' + base['variant']]:6.3f}x"
+                    f"{_vs_same_setting(r, results, base['variant'])}"
+                )
     _write(cfg, results, title)
     check_rows(results)
     return results
@@ -99,17 +118,25 @@ def bench_series(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the bench figure draws: per variant that ran, ms/iter and speed against the baseline
     (kind=planning: analyze and prefetch ms per batch); the skipped ones with their reason."""
     ran = [r for r in results if "error" not in r]
-    out: dict[str, Any] = {"variant": [r["variant"] for r in ran],
-                           "skipped": [(r["variant"], r["error"]) for r in results if "error" in r]}
+    out: dict[str, Any] = {
+        "variant": [r["variant"] for r in ran],
+        "skipped": [(r["variant"], r["error"]) for r in results if "error" in r],
+    }
     if ran and "analyze_ms" in ran[0]:
-        out.update(metric="planning", analyze_ms=[r["analyze_ms"] for r in ran],
-                   prefetch_ms=[r["prefetch_ms"] for r in ran])
+        out.update(
+            metric="planning",
+            analyze_ms=[r["analyze_ms"] for r in ran],
+            prefetch_ms=[r["prefetch_ms"] for r in ran],
+        )
         return out
     speed_key = next((k for k in (ran[0] if ran else {}) if k.startswith("speed_vs_")), None)
-    out.update(metric="ms_per_iter", ms_per_iter=[r["ms_per_iter"] for r in ran],
-               samples_per_s=[r["samples_per_s"] for r in ran],
-               baseline=speed_key[len("speed_vs_"):] if speed_key else None,
-               relative=[r[speed_key] if speed_key else None for r in ran])
+    out.update(
+        metric="ms_per_iter",
+        ms_per_iter=[r["ms_per_iter"] for r in ran],
+        samples_per_s=[r["samples_per_s"] for r in ran],
+        baseline=speed_key[len("speed_vs_") :] if speed_key else None,
+        relative=[r[speed_key] if speed_key else None for r in ran],
+    )
     return out
 
 
@@ -119,15 +146,25 @@ def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
     if cfg.figure and any("error" not in r for r in results):
         from ..figures import draw_bench
 
-        print(f"dlrm-cache bench: figure {draw_bench(bench_series(results), title, Path(cfg.figure))}")
+        print(
+            f"dlrm-cache bench: figure {draw_bench(bench_series(results), title, Path(cfg.figure))}"
+        )
 
 
 def _vs_same_setting(r: dict[str, Any], results: list[dict[str, Any]], base: str) -> str:
     """A cache's speed against the baseline backend run in the same precision/compile setting."""
     if "precision" not in r or r["variant"].split(" ")[0] == base:
         return ""
-    same = next((o for o in results if "error" not in o and o["variant"].split(" ")[0] == base
-                 and (o["precision"], o["compile"]) == (r["precision"], r["compile"])), None)
+    same = next(
+        (
+            o
+            for o in results
+            if "error" not in o
+            and o["variant"].split(" ")[0] == base
+            and (o["precision"], o["compile"]) == (r["precision"], r["compile"])
+        ),
+        None,
+    )
     if same is None or same["variant"] == base:  # fp32 eager: the speed column above says it
         return ""
     return f"  ({same['ms_per_iter'] / r['ms_per_iter']:.3f}x {same['variant']})"
@@ -138,8 +175,10 @@ def check_rows(results: list[dict[str, Any]]) -> None:
     crashed = [r for r in results if r.get("crashed")]
     if crashed or all("error" in r for r in results):
         bad = crashed or results
-        raise BenchFailed("; ".join(f"{r['variant']}: {r['error']}" for r in bad)
-                          + ("" if crashed else " (no placement could run on this machine)"))
+        raise BenchFailed(
+            "; ".join(f"{r['variant']}: {r['error']}" for r in bad)
+            + ("" if crashed else " (no placement could run on this machine)")
+        )
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -149,11 +188,16 @@ def _row(r: dict[str, Any]) -> str:
     waits = ""
     if "stall_s" in st:  # freq_cache: where its time went (per timed iteration)
         n = r["iters"]
-        waits = (f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
-                 f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter")
-    line = (f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
-            f"  hit {r['hit_rate']:.4f} (distinct ids {r['hit_rate_distinct']:.4f})"
-            f"  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}")
+        waits = (
+            f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
+            f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter"
+        )
+    line = (
+        f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  "
+        f"{r['samples_per_s']:>12,.0f} samples/s"
+        f"  hit {r['hit_rate']:.4f} (distinct ids {r['hit_rate_distinct']:.4f})"
+        f"  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}"
+    )
     if "breakdown_ms" in r:
         line += "\n" + format_breakdown(r["breakdown_ms"])
     return line

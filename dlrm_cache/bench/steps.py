@@ -2,8 +2,9 @@
 ``bench kind=train`` (a whole DLRM training step, train/step.py's, once per backend and
 (precision x compile) setting, then split into phases: bench/breakdown.py).
 
-Every variant runs in the same process on the same batches, through training's Pipeline (a loader
-thread runs the cache's analysis; the device copy and the look-ahead prefetch happen in this thread).
+Every variant runs in the same process on the same batches, through training's Pipeline (a
+loader thread runs the cache's analysis; the device copy and the look-ahead prefetch happen in
+this thread).
 Timings are wall-clock around a device synchronize, after ``warmup`` untimed iterations.
 """
 
@@ -47,26 +48,49 @@ def variants(cfg: DictConfig) -> list[Variant]:
         if name == "uvm_cache":
             for algo in cfg.uvm_algorithms:
                 for r in cfg.cache_ratios:
-                    out.append(Variant(f"uvm_cache {algo} {r:.1%}", name, {"cache_ratio": r, "algorithm": algo}))
+                    out.append(
+                        Variant(
+                            f"uvm_cache {algo} {r:.1%}", name, {"cache_ratio": r, "algorithm": algo}
+                        )
+                    )
         elif name == "freq_cache":
             for r in cfg.cache_ratios:
-                out.append(Variant(f"freq_cache {r:.1%}", name,
-                                   {"cache_ratio": r, "lookahead": cfg.lookahead, "policy": cfg.policy,
-                                    "batch_size": cfg.batch_size}))
+                out.append(
+                    Variant(
+                        f"freq_cache {r:.1%}",
+                        name,
+                        {
+                            "cache_ratio": r,
+                            "lookahead": cfg.lookahead,
+                            "policy": cfg.policy,
+                            "batch_size": cfg.batch_size,
+                        },
+                    )
+                )
         else:
             out.append(Variant(name, name, {}))
     if cfg.kind != "train":
         return out
     # every backend in every setting; labels keep the plain backend name for fp32 eager
-    return [Variant(v.label + setting_label(p, c), v.backend, v.kwargs, p, c)
-            for p in cfg.precisions for c in cfg.compile for v in out]
+    return [
+        Variant(v.label + setting_label(p, c), v.backend, v.kwargs, p, c)
+        for p in cfg.precisions
+        for c in cfg.compile
+        for v in out
+    ]
 
 
 def setting_label(precision: Precision, compile: bool) -> str:
-    return "" if (precision, compile) == (Precision.fp32, False) else f" {precision.value}{' compiled' * compile}"
+    return (
+        ""
+        if (precision, compile) == (Precision.fp32, False)
+        else f" {precision.value}{' compiled' * compile}"
+    )
 
 
-def _build(v: Variant, tables: list[TableSpec], optim: SparseOptim, device, counts) -> EmbeddingBackend:
+def _build(
+    v: Variant, tables: list[TableSpec], optim: SparseOptim, device, counts
+) -> EmbeddingBackend:
     cls = get_class(backend_target(v.backend))
     kwargs = dict(v.kwargs)
     if v.backend == "freq_cache":
@@ -93,8 +117,16 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     labels = (torch.rand(b, generator=gen) < 0.25).float()
     clock = PhaseClock(device)
     if cfg.kind == "train":
-        model = DLRM(emb, NUM_DENSE, cfg.embedding_dim, list(cfg.bottom_mlp), list(cfg.top_mlp), device=device,
-                     precision=v.precision, compile=v.compile)
+        model = DLRM(
+            emb,
+            NUM_DENSE,
+            cfg.embedding_dim,
+            list(cfg.bottom_mlp),
+            list(cfg.top_mlp),
+            device=device,
+            precision=v.precision,
+            compile=v.compile,
+        )
         set_matmul_precision(v.precision, device)
         opt = dense_optimizer("adagrad", model.dense_parameters(), device, cfg.lr)
 
@@ -146,8 +178,12 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
         "ms_per_iter": 1000 * elapsed / cfg.iters,
         "samples_per_s": cfg.iters * b / elapsed,
         "hit_rate": stats.get("hit_rate", math.nan),  # accesses served by the cache (freq_cache)
-        "hit_rate_distinct": stats.get("hit_rate_distinct", math.nan),  # distinct ids (uvm_cache counts these)
-        "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan,
+        "hit_rate_distinct": stats.get(
+            "hit_rate_distinct", math.nan
+        ),  # distinct ids (uvm_cache counts these)
+        "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20
+        if device.type == "cuda"
+        else math.nan,
         "stats": stats,
     }
     if split_iters:

@@ -11,7 +11,11 @@ from .pipeline import Pipeline
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4
+    model: torch.nn.Module,
+    stream: ShardStream,
+    device: torch.device,
+    max_batches: int = -1,
+    depth: int = 4,
 ) -> dict[str, float]:
     """Metrics over one pass of ``stream`` (training's pipeline, without the look-ahead)."""
     model.eval()

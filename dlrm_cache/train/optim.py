@@ -10,8 +10,9 @@ import torch
 from omegaconf import DictConfig
 
 # Optimizers whose fused (one kernel for all parameters) implementation exists on a device type in
-# every torch this project supports (2.11 and 2.13).  Adagrad's fused CUDA kernel is newer than some
-# of them, so there it runs as foreach (a few multi-tensor kernels), still not one kernel per tensor.
+# every torch this project supports (2.11 and 2.13).  Adagrad's fused CUDA kernel is newer than
+# some of them, so there it runs as foreach (a few multi-tensor kernels), still not one kernel per
+# tensor.
 FUSED_DEVICES = {"sgd": {"cpu", "cuda"}, "adam": {"cpu", "cuda"}, "adagrad": {"cpu"}}
 
 
@@ -22,8 +23,14 @@ def dense_optimizer_impl(name: str, device: torch.device) -> dict[str, Any]:
     return {"foreach": True}
 
 
-def dense_optimizer(name: str, params: Iterable[torch.nn.Parameter], device: torch.device, lr: float,
-                    weight_decay: float = 0.0, momentum: float = 0.0) -> torch.optim.Optimizer:
+def dense_optimizer(
+    name: str,
+    params: Iterable[torch.nn.Parameter],
+    device: torch.device,
+    lr: float,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+) -> torch.optim.Optimizer:
     """The MLPs' optimizer (embedding rows are updated inside fbgemm's backward)."""
     impl = dense_optimizer_impl(name, device)
     if name == "sgd":
@@ -35,8 +42,9 @@ def dense_optimizer(name: str, params: Iterable[torch.nn.Parameter], device: tor
     raise ValueError(f"optim.dense.name={name!r}: choose one of {sorted(FUSED_DEVICES)}")
 
 
-def build_dense_optimizer(cfg: DictConfig, params: Iterable[torch.nn.Parameter],
-                          device: torch.device) -> torch.optim.Optimizer:
+def build_dense_optimizer(
+    cfg: DictConfig, params: Iterable[torch.nn.Parameter], device: torch.device
+) -> torch.optim.Optimizer:
     """:func:`dense_optimizer` as the train config's ``optim.dense`` says."""
     o = cfg.optim.dense
     return dense_optimizer(o.name, params, device, o.lr, o.weight_decay, o.momentum)

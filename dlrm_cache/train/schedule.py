@@ -18,7 +18,8 @@ def lr_scale(step: int, warmup_steps: int, decay_start: int = 0, decay_steps: in
 
 
 def set_learning_rates(model: DLRM, opt: torch.optim.Optimizer, cfg: DictConfig, step: int) -> None:
-    """The configured learning rates (``optim.dense.lr``, ``optim.sparse.lr``) scaled for ``step``."""
+    """The configured learning rates (``optim.dense.lr``, ``optim.sparse.lr``) scaled for
+    ``step``."""
     scale = lr_scale(step, cfg.optim.warmup_steps, cfg.optim.decay_start, cfg.optim.decay_steps)
     for group in opt.param_groups:
         group["lr"] = cfg.optim.dense.lr * scale

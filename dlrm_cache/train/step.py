@@ -1,6 +1,7 @@
 """One training step, as the trainer and `dlrm-cache bench kind=train` run it, and the numerics of
 a step that live outside the model: matrix-product precision.  (Autocast and torch.compile of the
-dense path are the model's, see model/dlrm.py, so evaluation runs the same arithmetic as training.)"""
+dense path are the model's, see model/dlrm.py, so evaluation runs the same arithmetic as
+training.)"""
 
 from __future__ import annotations
 

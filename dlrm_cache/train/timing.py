@@ -33,7 +33,8 @@ class Throughput:
             self._t0 += time.perf_counter() - t
 
     def lap(self) -> float:
-        """Samples/s since the last lap (call after a device sync); adds the interval to ``seconds``."""
+        """Samples/s since the last lap (call after a device sync); adds the interval to
+        ``seconds``."""
         now = time.perf_counter()
         elapsed = now - self._t0
         self.seconds += elapsed
