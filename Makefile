@@ -11,7 +11,7 @@ TORCHREC_DEPS ?= tensordict torchmetrics pyre-extensions iopath
 SYNTH_ARGS    ?=
 TRAIN_ARGS    ?=
 NPROC         ?= 2
-# the default job's data.batch_size (configs/data/synth.yaml): the window `plan` sizes holds 3 of them
+# the default job's data.batch_size (DataConfig.batch_size in dlrm_cache/config.py): the window `plan` sizes holds 3 of them
 PLAN_BATCH    ?= 1024
 
 .PHONY: help install train test lint format data train-dist bench plan gpu-extra clean
