@@ -21,6 +21,7 @@ import torch
 
 from ..data.loader import Batch, OneIdPerSample, Prefetcher
 from ..embedding.base import EmbeddingBackend
+from ..streams import streams_for
 
 
 class Pipeline:
@@ -45,6 +46,7 @@ class Pipeline:
         self.backend = backend
         self.layout = layout
         self.device = device
+        self.streams = streams_for(device)
         analyze = self._analyze if self.lookahead else None
         self._reader = Prefetcher(batches, depth, transform=analyze, workers=analysis_threads)
 
@@ -54,9 +56,9 @@ class Pipeline:
         return batch
 
     def _to_device(self, batch: Batch) -> Batch:
-        if self.device.type == "cpu":  # the same object: an analysis stays attached to its batch
+        if not self.streams.asynchronous:  # the same object: an analysis stays attached to its batch
             return batch
-        return self.layout.to(batch, self.device)
+        return self.layout.to(batch, self.device, copy=True)
 
     def __iter__(self) -> Iterator[Batch]:
         window: deque[Batch] = deque()
@@ -66,11 +68,15 @@ class Pipeline:
                 self.backend.prefetch(batch.sparse, host.analysis)
             window.append(batch)
             if len(window) > self.lookahead:
-                yield window.popleft()
+                yield self._hand_over(window.popleft())
                 self._step_done()
         while window:
-            yield window.popleft()
+            yield self._hand_over(window.popleft())
             self._step_done()
+
+    def _hand_over(self, batch: Batch) -> Batch:
+        self.streams.handed_to_step()
+        return batch
 
     def _step_done(self) -> None:
         # the consumer asks for the next batch: the previous one's backward has been issued
