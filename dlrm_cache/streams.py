@@ -84,6 +84,14 @@ class Streams:
     def synchronize(self) -> None:
         """Everything issued on every stream has finished."""
 
+    def host_knowledge(self) -> Any:
+        """What the calling thread knows to have finished on the device (handed to another
+        thread with a task or a result: ``learn``).  Only the tests' recorder tracks it."""
+        return None
+
+    def learn(self, knowledge: Any) -> None:
+        """The calling thread now knows what ``knowledge`` (``host_knowledge``) says."""
+
     def handed_to_step(self) -> None:
         """The pipeline hands a batch to the step: a marker for the tests' recorder."""
 

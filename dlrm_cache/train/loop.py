@@ -139,12 +139,13 @@ def set_learning_rates(model: DLRM, opt: torch.optim.Optimizer, cfg: DictConfig,
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4
+    model: torch.nn.Module, stream: ShardStream, device: torch.device, max_batches: int = -1, depth: int = 4,
+    embeddings: EmbeddingBackend | None = None,
 ) -> dict[str, float]:
-    """Metrics over one pass of ``stream`` (training's pipeline, without the look-ahead)."""
+    """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too)."""
     model.eval()
     metrics = EvalMetrics(device)
-    with Pipeline(stream.batches(), stream.layout, device, depth=depth, train=False) as batches:
+    with Pipeline(stream.batches(), stream.layout, device, embeddings, depth=depth, train=False) as batches:
         for i, batch in enumerate(batches):
             if 0 <= max_batches <= i:
                 break
@@ -221,7 +222,8 @@ class Run:
 
     def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
         stream = self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
-        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches, self.cfg.data.prefetch_batches)
+        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches, self.cfg.data.prefetch_batches,
+                          self.embeddings)
         self.log.write("eval", step=step, split=split, **result)
         return result
 

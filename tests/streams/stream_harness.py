@@ -10,6 +10,8 @@ calling thread's current fake stream, and models CUDA's ordering rules:
 * a host read (``Streams.read``, ``synchronize``, and every aten op that makes the host wait for a
   value or a size: ``item``, ``nonzero``, ...) waits for the reading stream's clock and teaches the
   reading thread that this work is done; work that thread issues afterwards is ordered after it.
+  Threads pass that knowledge on where they hand work over (``host_knowledge``/``learn``: the
+  cache's planner with its tasks and results).
 
 Three checks, each a list of findings (empty = the contract holds):
 
@@ -24,7 +26,8 @@ Three checks, each a list of findings (empty = the contract holds):
     the fused optimizer on the compute stream) are tracked per row, from the index argument of
     ``index_select``/``index_copy_``/``index``/``index_put_`` and the ``indices`` of fbgemm's
     lookup and backward ops.
-``unrecorded``: a tensor allocated on one stream and used on another, whose Python object died
+``unrecorded``: a tensor allocated after start-up on one stream and used on another, whose Python
+    object died
     without ``record_stream`` for that stream and without the host knowing the use finished
     (the caching allocator could have handed its memory out while the use was pending).
     Approximation: lifetimes are those of the op's output tensor object, not of later views.
@@ -122,6 +125,7 @@ class RecordingStreams(Streams):
         self._host: dict[int, Clock] = defaultdict(dict)  # per thread: work known to be done
         self.step_mark = 0
         self.steps = 0
+        self._allowed: str | None = None
         self.reads: list[Read] = []
         self.races: list[str] = []
         self.unrecorded: list[str] = []
@@ -189,6 +193,15 @@ class RecordingStreams(Streams):
             for s in self._streams:
                 self._host_read(s, "synchronize")
 
+    def host_knowledge(self) -> Clock:
+        with self._lock:
+            return dict(self._host[threading.get_ident()])
+
+    def learn(self, knowledge: Clock | None) -> None:
+        if knowledge:
+            with self._lock:
+                _merge(self._host[threading.get_ident()], knowledge)
+
     def handed_to_step(self) -> None:
         with self._lock:
             self.step_mark = self._clocks[self.compute.index].get(self.compute.index, 0)
@@ -208,13 +221,13 @@ class RecordingStreams(Streams):
 
     @contextlib.contextmanager
     def allowed(self, why: str):
-        """Host reads inside the block may drain the step (evaluation metrics, checkpoints)."""
-        saved = getattr(self._tls, "allowed", None)
-        self._tls.allowed = why
+        """Host reads inside the block may drain the step (evaluation metrics, checkpoints), on
+        any thread: the block's thread may wait for another (the cache's planner) to read."""
+        saved, self._allowed = self._allowed, why
         try:
             yield
         finally:
-            self._tls.allowed = saved
+            self._allowed = saved
 
     def track_rows(self, tensor: torch.Tensor) -> None:
         """Check ``tensor``'s rows (dim 0) one by one: a slot buffer."""
@@ -226,10 +239,10 @@ class RecordingStreams(Streams):
         return [r for r in self.reads if r.waits_for > 0 and r.steps > 0]
 
     def close(self) -> None:
+        """Stop recording (tensors still alive were not freed under the recorder)."""
         self.closed = True
         with self._lock:
-            for key, alloc in list(self._allocs.items()):
-                self._check_alloc(key, alloc)
+            self._allocs.clear()
             self._keep.clear()
 
     # -- internals --------------------------------------------------------------------------
@@ -241,8 +254,7 @@ class RecordingStreams(Streams):
             c = self.compute.index
             after = max(host.get(c, 0), self.step_mark)
             waits = clock.get(c, 0) - after
-            allowed = getattr(self._tls, "allowed", None)
-            if allowed is None and not _fbgemm_host_counter():
+            if self._allowed is None and not _fbgemm_host_counter():
                 self.reads.append(Read(threading.current_thread().name, stream.name, kind,
                                        max(waits, 0), self.step_mark, self.steps, _caller()))
             _merge(host, clock)
@@ -258,15 +270,18 @@ class RecordingStreams(Streams):
         kind = _sync_kind(func, args, kwargs)
         stream = self.current_stream()
         with self._lock:
-            if kind is not None:
-                self._host_read(stream, kind)
             clock = self._issue(stream)
+            if kind is not None:  # the host waits for this op too
+                self._host_read(stream, kind)
             out = func(*args, **kwargs)
             self._accesses_of(func, args, kwargs, out, stream, clock)
         return out
 
     def _accesses_of(self, func, args, kwargs, out, stream: FakeStream, clock: Clock) -> None:
         schema = func._schema
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        if not writes and any(r.alias_info is not None for r in schema.returns):
+            return  # a view: no memory is touched
         named = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
                  for i, a in enumerate(schema.arguments)}
         rows_of = self._row_rule(func, named)
@@ -274,10 +289,10 @@ class RecordingStreams(Streams):
             write = a.alias_info is not None and a.alias_info.is_write
             for t in _tensors(named.get(a.name)):
                 self._access(t, stream, clock, write, rows_of(a.name, t), func)
-        fresh = not any(r.alias_info is not None for r in schema.returns)
+        if any(r.alias_info is not None for r in schema.returns):
+            return  # in place or a view: its accesses are those of the arguments
         for t in _tensors(out):
-            if fresh:
-                self._fresh(t, stream, func)
+            self._fresh(t, stream, func)
             self._access(t, stream, clock, True, None, func)
 
     def _row_rule(self, func, named):
@@ -301,6 +316,9 @@ class RecordingStreams(Streams):
         key = _key(t)
         self._accesses.pop(key, None)
         self._keep.append(t.untyped_storage())
+        self._allocs.pop(key, None)
+        if self.steps == 0:
+            return  # start-up state (the model's buffers, the cache's tables): lives for the run
         alloc = _Alloc(stream.index, name=str(func))
         self._allocs[key] = alloc
         weakref.finalize(t, self._died, key, alloc)

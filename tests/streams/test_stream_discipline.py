@@ -69,18 +69,19 @@ def steady(rec: RecordingStreams):
     return [r for r in rec.drains() if "train/loop.py" not in r.where]
 
 
-@pytest.mark.parametrize("lookahead,ratio,batch", [(1, 0.05, 128), (2, 0.05, 128), (2, 0.02, 0)],
+@pytest.mark.parametrize("lookahead,ratio,batch", [(1, 0.05, 128), (2, 0.05, 128), (2, 0.1, 0)],
                          ids=["lookahead1", "lookahead2", "deferred"])
 def test_no_step_waits_for_the_cache(monkeypatch, processed_synth, tmp_path, lookahead, ratio, batch):
     rec, summary = _record_training(monkeypatch, processed_synth, tmp_path / "run", [
         f"embedding.lookahead={lookahead}", f"embedding.cache_ratio={ratio}",
-        f"embedding.batch_size={batch}", "eval_every=5", "eval_batches=2", "checkpoint_every=7"])
+        f"embedding.batch_size={batch}", "eval_every=5", "eval_batches=2", "data.eval_batch_size=128", "checkpoint_every=7"])
     assert summary["steps"] == STEPS
     if batch == 0:  # the window is not sized for the batches: some wait for space
         assert summary["embedding_deferred_batches"] > 0, summary
+    assert summary["embedding_overflow_batches"] == 0, summary  # a documented slow path: it drains
     drained = steady(rec)
     assert not drained, "\n".join(f"{r.thread} {r.kind} on {r.stream} at {r.where}: waits for "
                                   f"{r.waits_for} compute ops of the step" for r in drained[:10])
     assert not rec.races, "\n".join(rec.races[:10])
     assert not rec.unrecorded, "\n".join(rec.unrecorded[:10])
-    assert rec.ops > 10_000  # the whole loop ran under the recorder
+    assert rec.ops > 3_000 and rec.steps >= STEPS  # the whole loop ran under the recorder

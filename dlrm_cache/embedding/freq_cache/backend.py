@@ -60,7 +60,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -68,10 +70,11 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, shared_dim, takes_prefetched
+from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, pop_prefetched, shared_dim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .mover import Mover
 from .plan import cache_layout
+from .planner import Planner
 from .policy import POLICIES, EvictionPolicy
 from .slots import SlotTable
 from .store import HostStore
@@ -80,11 +83,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
-class _Batch:
-    """One batch between its prefetch and its retirement; tensors live on the cache's device.
-
-    ``uniq``/``counts`` have room for every id (fixed capacity: deduplication without reading a
-    size) until the batch's first ``_prepare`` reads ``n_uniq`` and trims them."""
+class _Analysis:
+    """What a batch needs that does not depend on the cache's state (``analyze``); on the cache's
+    device.  ``uniq``/``counts`` have room for every id (fixed capacity: deduplication without
+    reading a size) until the batch's first placement reads ``n_uniq`` and trims them."""
 
     kjt: KeyedJaggedTensor
     num_ids: int
@@ -95,6 +97,19 @@ class _Batch:
     counts: torch.Tensor  # accesses of each uniq row in this batch
     n_uniq: torch.Tensor | int  # device scalar until read, then the host int
     bad: torch.Tensor  # device bool: an id out of its table's range
+
+
+@dataclasses.dataclass(eq=False)
+class _Batch(_Analysis):
+    """One batch between its prefetch and its retirement.
+
+    Made by the training thread (``kjt``, ``train``); everything else is written by the planner
+    thread, and read by the training thread only after ``ready`` is set."""
+
+    ready: threading.Event = dataclasses.field(default_factory=threading.Event)
+    known: Any = None  # the planner's host knowledge when it set ``ready`` (Streams.host_knowledge)
+    error: BaseException | None = None  # raised by the forward of this batch
+    needs_overflow: bool = False  # does not fit even in the empty window: forwarded by a temporary TBE
     prepared: bool = False
     deferred: bool = False
     hit: torch.Tensor | None = None  # per uniq row: resident before its first placement (counted at forward)
@@ -103,6 +118,25 @@ class _Batch:
     indices: torch.Tensor | None = None  # slot ids for the lookup
     event: Any = None  # CUDA event: its rows are in place
     overflow: dict | None = None
+
+    @classmethod
+    def new(cls, kjt: KeyedJaggedTensor, train: bool) -> "_Batch":
+        return cls(kjt, 0, None, None, None, None, None, None, None, train=train)  # type: ignore[arg-type]
+
+    def signal(self, streams: Any) -> None:
+        """Planner: the batch is placed (or failed)."""
+        self.known = streams.host_knowledge()
+        self.ready.set()
+
+    def wait(self, streams: Any) -> None:
+        """Training thread: until the batch is placed (or failed)."""
+        self.ready.wait()
+        streams.learn(self.known)
+
+    def adopt(self, a: _Analysis) -> None:
+        for f in dataclasses.fields(_Analysis):
+            if f.name != "kjt":
+                setattr(self, f.name, getattr(a, f.name))
 
 
 class FreqCacheBackend(EmbeddingBackend):
@@ -228,69 +262,159 @@ class FreqCacheBackend(EmbeddingBackend):
             self.mover.move(st_slots[:0], st_rows[:0], st_slots, st_rows)
         self.mover.sync()
 
-        self._queue: deque[_Batch] = deque()  # prefetched, not yet forwarded (FIFO)
-        self._inflight: list[_Batch] = []  # forwarded, backward not yet known to be done
+        self._fifo: deque[_Batch] = deque()  # training thread: prefetched, not yet forwarded
+        self._queue: deque[_Batch] = deque()  # planner: prefetched, not yet forwarded (FIFO)
+        self._inflight: list[_Batch] = []  # planner: forwarded, backward not yet known to be done
         self._stats = self._zero_stats()
+        self._planner = Planner(self.mover.streams, self.device)
+        weakref.finalize(self, self._planner.close)
 
     # ------------------------------------------------------------------------------ public API
-    def analyze(self, features: KeyedJaggedTensor) -> _Batch | None:
-        """The cache-independent part of a prefetch, for the loader thread: on a CPU cache only (a
-        GPU cache does it on its own plan stream, much faster than the host could)."""
-        return self._analyze(features) if self.device.type == "cpu" else None
+    def analyze(self, features: KeyedJaggedTensor) -> _Analysis | None:
+        """The cache-independent part of a prefetch, for the loader thread: on a CPU cache only,
+        where there are no streams (a GPU cache does it on the planner thread, on its plan stream,
+        much faster than the host could)."""
+        return None if self.mover.streams.asynchronous else self._analyze(features)
 
-    def prefetch(self, features: KeyedJaggedTensor, analysis: _Batch | None = None) -> None:
-        self.mover.track_compute()
+    # The training thread's side: post to the planner, never touch the slots ----------------
+    def prefetch(self, features: KeyedJaggedTensor, analysis: _Analysis | None = None) -> None:
         self._retire()
-        if analysis is None or analysis.kjt is not features:
-            analysis = self._analyze(features)
-        analysis.train = torch.is_grad_enabled()
-        self._queue.append(analysis)
-        self._try_prepare()
+        b = _Batch.new(features, torch.is_grad_enabled())
+        self._fifo.append(b)
+        self._planner.post(self._p_prefetch, b, analysis)
 
     def step_done(self) -> None:
         """The last forwarded batch's backward has been issued (optional: any later call implies it)."""
         self._retire()
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        self.mover.track_compute()
         self._retire()
-        t0 = time.perf_counter()
         train = torch.is_grad_enabled()
-        if self._queue and takes_prefetched(self._queue[0].kjt, self._queue[0].train, features):
-            batch = self._queue.popleft()
-            if train and not batch.train:  # prefetched under no_grad, trained on after all
-                batch.train = True
-                if batch.prepared:
-                    self._mark_dirty(batch)
-        else:
-            batch = self._analyze(features)
-            batch.train = train
-        if not batch.prepared and not self._prepare(batch):
-            # Give the window's space back (those batches are prepared again later), then retry.
-            for b in self._queue:
-                self._unprepare(b)
-            if not self._prepare(batch):
-                out = self._forward_overflow(batch, features)
-                self._stats["stall_s"] += time.perf_counter() - t0
-                return pooled(features, out, self.dim)
-        self._stats["stall_s"] += time.perf_counter() - t0
-        self.mover.wait_ready(batch.event, batch.indices)
+        b = pop_prefetched(self._fifo, features, lambda b: b.kjt, lambda b: b.train)
+        if b is None:  # ad hoc: placed now
+            b = _Batch.new(features, train)
+            self._planner.post(self._p_prefetch, b, None, True)
+        self._planner.post(self._p_demand, b, train)
+        t0 = time.perf_counter()
+        b.wait(self.mover.streams)
+        stall = time.perf_counter() - t0
+        if b.error is not None:
+            raise b.error
+        if b.needs_overflow:
+            self._planner.call(self._p_add_stall, stall)  # the planner is idle from here on
+            out = self._forward_overflow(b, features)
+            return pooled(features, out, self.dim)
+        self.mover.wait_ready(b.event, b.indices)
         offsets = features.offsets().to(self.device, dtype=torch.int64, non_blocking=True)
-        out = self.tbe(batch.indices, offsets)
-        batch.indices, batch.event = None, None
-        with torch.no_grad(), self.mover.planning():  # only forwarded batches count (not a window cancelled)
-            self._count_hits(batch, batch.hit)
-        self._inflight.append(batch)
-        self._try_prepare()  # batches deferred for lack of space
+        out = self.tbe(b.indices, offsets)
+        self._planner.post(self._p_forwarded, b, stall)
         return pooled(features, out, self.dim)
+
+    def _retire(self) -> None:
+        """Every call into the cache retires the forwarded batches: their backward is issued.
+
+        The event recorded now on the compute stream orders later row transfers after it (the
+        backward passes of retired batches, a checkpoint's reads of the store), without the host
+        ever waiting for it."""
+        self.mover.track_compute()
+        self._planner.post(self._p_retire, self.mover.compute_event())
 
     def set_learning_rate(self, lr: float) -> None:
         self._lr = float(lr)
         self.tbe.set_learning_rate(lr)
 
-    @torch.no_grad()
     def flush(self) -> None:
         self._retire()
+        self._planner.call(self._p_flush)
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        self.flush()
+        return self.store.export()
+
+    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
+        self._retire()
+        self._planner.call(self._p_import, state)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last call (read on the plan stream; the counters start again)."""
+        out = self._planner.call(self._p_stats)
+        out["transfer_wait_s"] = self.mover.transfer_wait_s()  # the training thread's own waits
+        return out
+
+    def settle(self) -> None:
+        """Wait until the planner has run every task posted so far (its state is then current)."""
+        self._planner.call(lambda: None)
+
+    def cancel_prefetch(self, grad: bool | None = None) -> None:
+        """Forget prefetched batches that will not be forwarded (e.g. a loop left early)."""
+        gone = [b for b in self._fifo if grad is None or b.train == grad]
+        for b in gone:
+            self._fifo.remove(b)
+        self._planner.call(self._p_cancel, gone)
+
+    # The planner's side (tasks run on the planner thread, in order) -------------------------
+    def _p_prefetch(self, b: _Batch, analysis: _Analysis | None, adhoc: bool = False) -> None:
+        try:
+            if analysis is None or analysis.kjt is not b.kjt:
+                analysis = self._analyze(b.kjt)
+            b.adopt(analysis)
+        except BaseException as e:
+            b.error = e
+            b.signal(self.mover.streams)
+            return
+        if not adhoc:
+            self._queue.append(b)
+            self._try_prepare()
+
+    def _p_demand(self, b: _Batch, train: bool) -> None:
+        """``b`` is forwarded next: placed now, whatever it takes."""
+        if b.error is not None:
+            return
+        if b in self._queue:
+            self._queue.remove(b)
+        if train and not b.train:  # prefetched under no_grad, trained on after all
+            b.train = True
+            if b.prepared:
+                self._mark_dirty(b)
+        if not b.prepared:
+            try:
+                if not self._prepare(b):
+                    # Give the window's space back (those batches are placed again later), retry.
+                    for q in self._queue:
+                        self._unprepare(q)
+                    b.needs_overflow = not self._prepare(b)
+            except BaseException as e:
+                b.error = e
+        b.signal(self.mover.streams)
+
+    def _p_forwarded(self, b: _Batch, stall: float) -> None:
+        self._stats["stall_s"] += stall
+        self._count_hits(b, b.hit)  # only forwarded batches count (not a window cancelled)
+        b.indices, b.event = None, None
+        self._inflight.append(b)
+        self._try_prepare()  # batches deferred for lack of space
+
+    def _p_add_stall(self, stall: float) -> None:
+        self._stats["stall_s"] += stall
+
+    def _p_retire(self, event: Any) -> None:
+        self.mover.retired(event)
+        for b in self._inflight:
+            if b.overflow is not None:
+                self._retire_overflow(b)
+            else:
+                self.slots.pin[b.pinned] -= 1
+        self._inflight.clear()
+        self._try_prepare()
+
+    def _p_cancel(self, gone: list[_Batch]) -> None:
+        for b in gone:
+            if b in self._queue:
+                self._queue.remove(b)
+            self._unprepare(b)
+        self._try_prepare()  # batches deferred behind the cancelled ones
+
+    def _p_flush(self) -> None:
         self.mover.sync()
         s = self.slots
         slots = torch.nonzero(s.dirty).squeeze(1)
@@ -298,7 +422,6 @@ class FreqCacheBackend(EmbeddingBackend):
             self.mover.move_now(slots, s.slot_row[slots], slots[:0], slots[:0])
             s.dirty[slots] = False
             self._stats["rows_written_back"] += slots.numel()
-            self.mover.plan_after_compute()  # the bits above were cleared on the compute stream
             self._remark_queued()
         self.mover.sync()
 
@@ -308,27 +431,22 @@ class FreqCacheBackend(EmbeddingBackend):
             if b.prepared and b.train:
                 self._mark_dirty(b)
 
-    def export_tables(self) -> dict[str, torch.Tensor]:
-        self.flush()
-        return self.store.export()
-
-    @torch.no_grad()
-    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
-        self._retire()
+    def _p_import(self, state: dict[str, torch.Tensor]) -> None:
         self.mover.sync()
         self.store.load(state)
         slots, rows = self.slots.resident()
         self.mover.move_now(slots[:0], rows[:0], slots, rows)
         self.slots.dirty[:] = False
-        self.mover.plan_after_compute()
         self._remark_queued()
         self.mover.sync()
 
-    def stats(self) -> dict[str, float]:
+    def _p_stats(self) -> dict[str, float]:
         s = self._stats
-        self.mover.use_on_compute()  # the counters are updated on the plan stream
-        dev = {k: v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v for k, v in s.items()}
-        table_hits = s["table_hits"].cpu().numpy()
+        with self.mover.planning():  # the counters live on the plan stream: read there, not after the step
+            scalars = [k for k, v in s.items() if isinstance(v, torch.Tensor) and v.dim() == 0]
+            values = self.mover.read(torch.cat([torch.stack([s[k] for k in scalars]), s["table_hits"]]))
+        dev = {**s, **dict(zip(scalars, values))}
+        table_hits = np.asarray(values[len(scalars):], dtype=np.int64)
         out: dict[str, float] = {}
         acc, dist = dev["accesses"], dev["distinct"]
         out["hit_rate"] = float(dev["hits"] / acc) if acc else 0.0
@@ -345,7 +463,6 @@ class FreqCacheBackend(EmbeddingBackend):
         out["bytes_written_back"] = float(dev["rows_written_back"] * rb)
         out["evictions"] = float(dev["evictions"])
         out["stall_s"] = float(dev["stall_s"])
-        out["transfer_wait_s"] = self.mover.transfer_wait_s()
         out["overflow_batches"] = float(dev["overflow_batches"])
         out["deferred_batches"] = float(dev["deferred_batches"])
         out["cache_bytes"] = float(self.cache_bytes)
@@ -356,18 +473,16 @@ class FreqCacheBackend(EmbeddingBackend):
         out["window_bytes"] = float(self.slots.num_dynamic * self.slot_bytes)
         out["window_needed_rows"] = float(self.layout.window_needed)
         self._stats = self._zero_stats()
-        self.mover.plan_after_compute()  # fresh counters, filled on the compute stream
         return out
-
-    def cancel_prefetch(self) -> None:
-        """Forget prefetched batches that will not be forwarded (e.g. a loop left early)."""
-        for b in self._queue:
-            self._unprepare(b)
-        self._queue.clear()
 
     # ------------------------------------------------------------------------------ internals
     def _zero_stats(self) -> dict[str, Any]:
+        """Fresh counters, made on the plan stream (which updates them)."""
         T = len(self.tables)
+        with self.mover.planning():
+            return self._counters(T)
+
+    def _counters(self, T: int) -> dict[str, Any]:
         z = lambda: torch.zeros((), dtype=torch.int64, device=self.device)  # noqa: E731
         return dict(
             accesses=0, hits=z(), distinct=z(), distinct_hits=z(),
@@ -378,7 +493,7 @@ class FreqCacheBackend(EmbeddingBackend):
         )  # fmt: skip
 
     @torch.no_grad()
-    def _analyze(self, kjt: KeyedJaggedTensor) -> _Batch:
+    def _analyze(self, kjt: KeyedJaggedTensor) -> _Analysis:
         """Everything about a batch that does not depend on what is resident, on the cache's device,
         without a host synchronization.
 
@@ -409,7 +524,7 @@ class FreqCacheBackend(EmbeddingBackend):
             uniq.scatter_(0, seg, key.long())
             counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, seg, torch.ones_like(seg))
             n_uniq, bad = first.sum(), bad_id.any()
-        return _Batch(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
+        return _Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
 
     def _raise_bad_id(self, b: _Batch) -> None:
         v = b.kjt.values().long().cpu()
@@ -486,6 +601,7 @@ class FreqCacheBackend(EmbeddingBackend):
             if b.hit is None:
                 b.hit = hit
             b.event = self.mover.ready()
+        b.signal(self.mover.streams)
         return True
 
     def _evict_and_load(self, victims: torch.Tensor, rows: torch.Tensor) -> None:
@@ -518,6 +634,7 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def _unprepare(self, b: _Batch) -> None:
         if b.prepared:
+            b.ready.clear()
             with self.mover.planning():
                 self.slots.pin[b.pinned] -= 1
             b.prepared, b.pinned, b.indices, b.event = False, None, None, None
@@ -526,23 +643,20 @@ class FreqCacheBackend(EmbeddingBackend):
         """Prepare queued batches in order while they fit (FIFO: a deferred one blocks later ones)."""
         if any(b.overflow is not None for b in self._inflight):
             return  # its rows are outside the cache until it retires
-        for b in self._queue:
+        for b in list(self._queue):
             if b.prepared:
                 continue
-            if not self._prepare(b):
+            try:
+                placed = self._prepare(b)
+            except BaseException as e:  # raised by this batch's forward; later batches go on
+                b.error = e
+                b.signal(self.mover.streams)
+                continue
+            if not placed:
                 if not b.deferred:
                     b.deferred = True
                     self._stats["deferred_batches"] += 1
                 return
-
-    def _retire(self) -> None:
-        for b in self._inflight:
-            if b.overflow is not None:
-                self._retire_overflow(b)
-            else:
-                with self.mover.planning():
-                    self.slots.pin[b.pinned] -= 1
-        self._inflight.clear()
 
     # ---- a batch larger than the dynamic region: a temporary TBE holding exactly its rows
     def _forward_overflow(self, b: _Batch, features: KeyedJaggedTensor) -> torch.Tensor:

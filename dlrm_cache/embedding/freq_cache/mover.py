@@ -5,10 +5,16 @@ state together (write-backs of clean victims all go to the store's scratch row, 
 
 Every stream operation goes through the device's :class:`~dlrm_cache.streams.Streams` (no-ops on
 the CPU, where every operation runs in order as issued; recorded by the tests' stream harness):
+* *input*: the pipeline's copies of batches to the device (waits for nothing);
 * *plan*: the cache's bookkeeping (dedup, lookups, victim choice, pins, dirty bits) on device
-  tensors;
+  tensors.  It waits for the input stream (the batch it plans), never for the compute stream, so
+  the one host read of a placement (``read``) returns when the plan stream's own short kernels
+  are done, whatever the step in flight;
 * *copy*: write-backs (slots -> host-mapped store) and loads (store -> slots), as kernels that read
-  and write host memory over PCIe;
+  and write host memory over PCIe.  It waits for the plan stream (indices) and for the event
+  recorded on the compute stream when the last batch was retired (``retired``): the backward of
+  every retired batch may still update the slots being evicted, and the slots a prefetched batch
+  pins are never evicted before that batch retires;
 * *compute*: the trainer's stream; a batch's lookup waits on the event recorded after its copies.
 Tensors made on one stream and used on another are ``record_stream``-ed so the caching allocator
 does not hand their memory out while a kernel on the other stream may still read it.
@@ -34,6 +40,8 @@ class Mover:
         self.compute = self.streams.compute
         self._waits: list = []  # timing tokens around the compute stream's waits
         self._wait_folded = 0.0
+        # the compute stream's work the copy stream must wait for before evicting (see retired)
+        self._retire_event = self.streams.record_event(self.compute)
 
     def track_compute(self) -> None:
         """The caller's current stream is the compute stream (called outside ``planning()``)."""
@@ -48,14 +56,23 @@ class Mover:
         return self.streams.use(self.streams.plan)
 
     def planning_input(self, t: torch.Tensor) -> None:
-        """``t`` was made on the compute stream (a device batch): the plan stream waits for it."""
-        self.streams.wait_stream(self.streams.plan, self.compute)
+        """``t`` was copied on the input stream (a device batch): the plan stream waits for it."""
+        self.streams.wait_stream(self.streams.plan, self.streams.input)
         self.streams.record_stream(t, self.streams.plan)
+
+    def compute_event(self):
+        """An event after the compute stream's work so far (recorded on the training thread)."""
+        return self.streams.record_event(self.compute)
+
+    def retired(self, event) -> None:
+        """Batches were retired when ``event`` was recorded (``compute_event``): their backward
+        passes come before any later write-back or load of their (now unpinned) slots."""
+        self._retire_event = event
 
     def move(self, wb_slots: torch.Tensor, wb_rows: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``wb_slots`` back to ``wb_rows``, then fill ``slots`` with (non-resident) ``rows``."""
         st = self.streams
-        st.wait_stream(st.copy, self.compute)
+        st.wait_event(st.copy, self._retire_event)
         st.wait_stream(st.copy, st.plan)
         with st.use(st.copy):
             self.move_now(wb_slots, wb_rows, slots, rows)
