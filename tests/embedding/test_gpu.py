@@ -13,8 +13,9 @@ import torch
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.direct import HbmBackend, UvmCacheBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
+from dlrm_cache.streams import streams_for
 
-from test_freq_cache import assert_tables_equal, make_batch, make_counts, make_tables, random_state
+from test_freq_cache import DIM, assert_tables_equal, make_batch, make_counts, make_tables, random_state
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,23 +25,32 @@ GPU_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
 def train_steps(backend, batches, lookahead: int, seed: int = 0, flush_at=()) -> list[torch.Tensor]:
-    """The trainer's protocol: prefetch the host batch `lookahead` ahead, forward its device copy;
-    ``flush_at``: steps before which the backend is flushed with the window prefetched (a checkpoint)."""
+    """The trainer's protocol as the Pipeline runs it: each batch copied to the GPU on the input
+    stream, prefetched ``lookahead`` steps ahead, forwarded once the compute stream has waited for
+    its copy; no synchronization between steps (the outputs are read at the end).  ``flush_at``:
+    steps before which the backend is flushed with the window prefetched (a checkpoint)."""
+    st = streams_for("cuda")
+    copies = []
+    for b in batches:
+        with st.use(st.input):
+            copies.append((b.to("cuda", non_blocking=True), st.record_event(st.input)))
     g = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(b.stride(), len(b.keys()) * DIM, generator=g).cuda() for b in batches]
     outs = []
     for i in range(min(lookahead, len(batches))):
-        backend.prefetch(batches[i])
-    for i, b in enumerate(batches):
+        backend.prefetch(copies[i][0])
+    for i, (b, ready) in enumerate(copies):
         if lookahead and i + lookahead < len(batches):
-            backend.prefetch(batches[i + lookahead])
+            backend.prefetch(copies[i + lookahead][0])
         if i in flush_at:
             backend.flush()
-        out = backend(b.to("cuda")).values()
-        w = torch.randn(out.shape, generator=g).cuda()
-        (out * w).sum().backward()
-        outs.append(out.detach().cpu())
+        st.wait_event(st.current_stream(), ready)
+        out = backend(b).values()
+        (out * weights[i]).sum().backward()
+        outs.append(out.detach())
+        backend.step_done()
     torch.cuda.synchronize()
-    return outs
+    return [o.cpu() for o in outs]
 
 
 @pytest.mark.parametrize(

@@ -85,3 +85,52 @@ def test_no_step_waits_for_the_cache(monkeypatch, processed_synth, tmp_path, loo
     assert not rec.races, "\n".join(rec.races[:10])
     assert not rec.unrecorded, "\n".join(rec.unrecorded[:10])
     assert rec.ops > 3_000 and rec.steps >= STEPS  # the whole loop ran under the recorder
+
+
+def _recorded_rank(overrides: list[str]) -> dict:
+    """One torchrun rank (gloo, CPU) training under its own recorder: what the checks found."""
+    from hydra import compose, initialize_config_dir
+
+    from dlrm_cache.config import config_dir, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    with streams_override(RecordingStreams):
+        rec = streams_for("cpu")
+        for cls, name, why in ((metrics.EvalMetrics, "compute", "metrics"), (loop.Run, "checkpoint", "checkpoint")):
+            original = getattr(cls, name)
+
+            def wrapped(*args, _original=original, _why=why, **kwargs):
+                with rec.allowed(_why):
+                    return _original(*args, **kwargs)
+
+            setattr(cls, name, wrapped)
+        with rec.activate():
+            summary = train(cfg)
+    return {"steps": summary["steps"], "recorded_steps": rec.steps, "ops": rec.ops,
+            "drains": [f"{r.thread} {r.kind} on {r.stream} at {r.where}: {r.waits_for} ops"
+                       for r in steady(rec)],
+            "races": rec.races[:10], "unrecorded": rec.unrecorded[:10]}
+
+
+def test_no_step_waits_for_the_cache_sharded_over_two_gloo_ranks(processed_synth, tmp_path):
+    """The same contract for 2 ranks sharding the tables (each rank's cache behind the sharded
+    backend's collectives), through torch's elastic launcher (what torchrun runs)."""
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex,
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.1, start_method="spawn")
+    overrides = base_overrides(processed_synth, tmp_path / "run") + [
+        "embedding=freq_cache", f"max_steps={STEPS}", f"log_every={STEPS}", "embedding.lookahead=2",
+        "embedding.cache_ratio=0.05", "eval_every=5", "eval_batches=2", "data.eval_batch_size=128",
+        "checkpoint_every=7"]
+    out = elastic_launch(config, _recorded_rank)(overrides)
+    for rank, found in out.items():
+        assert found["steps"] == STEPS and found["recorded_steps"] >= STEPS, (rank, found)
+        assert not found["drains"], (rank, found["drains"])
+        assert not found["races"], (rank, found["races"])
+        assert not found["unrecorded"], (rank, found["unrecorded"])
