@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from .data.format import Manifest, atomic_write_text
 from .data.stats import load_counts
 from .embedding.base import SparseOptim
-from .embedding.freq_cache.plan import plan_table
+from .embedding.freq_cache.layout import plan_table
 from .train.metrics import format_table
 
 

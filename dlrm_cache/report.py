@@ -236,7 +236,7 @@ def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
     look-ahead window sized for its batch size); None: no cache, or no stats."""
     from .config import FreqCacheEmbeddingConfig
     from .data.stats import load_counts
-    from .embedding.freq_cache.plan import plan_table
+    from .embedding.freq_cache.layout import plan_table
 
     embs = [r.config.get("embedding", {}) for r in runs]
     data = dataset_path(runs[0])

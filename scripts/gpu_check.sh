@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything this project checks on a GPU, in one call, from the repository root of a CUDA install
 # (README: set-up on a CUDA machine):   bash scripts/gpu_check.sh [PART...]
-# PART: tests, embedding, train, planning, precision (default: all five); feed (the loader and
+# PART: tests, embedding, train, planning, precision, streams (default: all six); feed (the loader and
 # `train` against `bench kind=train` on a generated 8M-line set -- about 8 minutes, run it on its own).
 # Results (test log, benchmark JSON, tables and figures) go to $OUT (default gpu-results/).
 # A machine without pytest (an offline bundle) can carry it as .gpu-extra/pytest.tar.gz (make gpu-extra).
@@ -14,7 +14,7 @@ if ! python3 -c "import pytest" 2>/dev/null && [ -f .gpu-extra/pytest.tar.gz ]; 
     mkdir -p /tmp/gpu-extra && tar -xzf .gpu-extra/pytest.tar.gz -C /tmp/gpu-extra
     export PYTHONPATH="/tmp/gpu-extra${PYTHONPATH:+:$PYTHONPATH}"
 fi
-PARTS=" ${*:-tests embedding train planning precision} "
+PARTS=" ${*:-tests embedding train planning precision streams} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, fbgemm_gpu, torchrec; print(torch.__version__, fbgemm_gpu.__version__, torchrec.__version__)" >> "$OUT/gpu.txt" 2>&1
@@ -61,4 +61,18 @@ fi
 want precision && python3 -m dlrm_cache bench kind=train cardinality_scale=1 embedding_dim=128 batch_size=16384 \
     backends=[hbm,freq_cache] cache_ratios=[0.015] precisions=[fp32,tf32,bf16] compile=[false,true] warmup=10 iters=30 \
     output="$OUT/bench-train-precision.json" 2>&1 | grep --line-buffered -v "^W1" > "$OUT/bench-train-precision.txt"
+# 7. the stream protocol on the GPU: a profiler trace of `train` with freq_cache (1M Kaggle-shaped
+#    lines, batch 16384): per stream, kernel time and the share of the cache's kernels that ran beside
+#    a compute-stream kernel; the compute stream's gaps (a drained step shows as one gap per step)
+if want streams; then
+    S=/tmp/streams
+    [ -f $S/processed/manifest.json ] || { python3 -m dlrm_cache synth output=$S/raw lines=1000000 \
+        cardinality_scale=1 progress=false && python3 -m dlrm_cache preprocess input=$S/raw \
+        output=$S/processed progress=false; } > "$OUT/streams-data.txt" 2>&1
+    for ratio in 0.015 0.05; do
+        python3 scripts/stream_trace.py $S/processed $S/trace-$ratio data.batch_size=16384 \
+            embedding.cache_ratio=$ratio model.embedding_dim=128 > "$OUT/streams-$ratio.txt" 2>&1
+        cp $S/trace-$ratio/trace.json "$OUT/trace-freq_cache-$ratio.json" 2>/dev/null
+    done
+fi
 tail -n 12 "$OUT"/*.txt

@@ -22,7 +22,7 @@ from dlrm_cache.config import BenchConfig, PlanConfig
 from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
-from dlrm_cache.embedding.freq_cache.plan import plan_table
+from dlrm_cache.embedding.freq_cache.layout import plan_table
 from dlrm_cache.report import (
     compare,
     find_runs,

@@ -8,13 +8,15 @@ depends on the data (``nonzero``, ``unique``, ``masked_select``, boolean-mask in
 per batch without a GPU, and ``bench kind=planning`` prints them.
 
 ``Tensor.tolist()`` and ``Tensor.numpy()`` read memory without an aten op on CPU tensors, so they
-are counted by wrapping those two methods while the counter is active -- including reads of
+are counted by wrapping those two methods while the counter is active (in the thread that entered
+it: dispatch modes are per thread, and so is what it counts) -- including reads of
 tensors that are host data under CUDA too (a host batch's lengths), which makes the count an
 upper bound of the synchronizations on a GPU, never an undercount.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import torch
@@ -59,6 +61,7 @@ class HostSyncCounter(TorchDispatchMode):
         self.syncs: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
         self._saved: dict[str, object] = {}
+        self._thread = 0
 
     @property
     def total_syncs(self) -> int:
@@ -77,12 +80,14 @@ class HostSyncCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def __enter__(self):
+        self._thread = threading.get_ident()
         for name in ("tolist", "numpy"):
             original = getattr(torch.Tensor, name)
             self._saved[name] = original
 
             def counted(t, *a, _original=original, _name=name, **kw):
-                self.syncs[_name] += 1
+                if threading.get_ident() == self._thread:
+                    self.syncs[_name] += 1
                 return _original(t, *a, **kw)
 
             setattr(torch.Tensor, name, counted)

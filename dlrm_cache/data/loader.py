@@ -83,14 +83,15 @@ class OneIdPerSample:
     def batch(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> Batch:
         return Batch(dense, self.kjt(ids), labels)
 
-    def to(self, batch: Batch, device: torch.device) -> Batch:
+    def to(self, batch: Batch, device: torch.device, copy: bool = False) -> Batch:
         """``batch`` on ``device`` (asynchronous from pinned memory); only the ids travel, the
-        lengths and offsets of that batch size already live there."""
+        lengths and offsets of that batch size already live there.  ``copy``: new tensors even
+        where ``batch`` already is on ``device``."""
         ids = batch.sparse.values().view(len(self.keys), batch.sparse.stride())
         return Batch(
-            batch.dense.to(device, non_blocking=True),
-            self.kjt(ids.to(device, non_blocking=True)),
-            batch.labels.to(device, non_blocking=True),
+            batch.dense.to(device, non_blocking=True, copy=copy),
+            self.kjt(ids.to(device, non_blocking=True, copy=copy)),
+            batch.labels.to(device, non_blocking=True, copy=copy),
             batch.analysis,
         )
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,12 +68,13 @@ SPARSE_OPTIMIZERS = {"rowwise_adagrad": 1, "adagrad": -1, "sgd": 0}
 class EmbeddingBackend(nn.Module):
     """Pooled embedding lookups for a fixed list of tables, one feature per table.
 
-    Prefetch protocol (FIFO): a backend with ``lookahead > 0`` is handed each training batch
-    ``lookahead`` steps before its forward (:meth:`prefetch`).  A forward with gradients enabled
-    consumes the oldest prefetched batch, which must be that batch (see :func:`takes_prefetched`);
-    a forward under ``torch.no_grad()`` consumes it only if it was prefetched under no_grad too,
-    else it is an ad-hoc batch (evaluation between training steps).  ``step_done`` follows each
-    training step's backward.
+    Prefetch protocol (FIFO): a backend with ``lookahead > 0`` is handed each batch ``lookahead``
+    steps before its forward (:meth:`prefetch`), training batches under grad, evaluation batches
+    under ``torch.no_grad()``.  A forward with gradients enabled consumes the oldest prefetched
+    batch, which must be that batch; a forward under ``torch.no_grad()`` consumes the oldest batch
+    prefetched under no_grad (evaluation between training steps queues behind the training
+    window), else it is an ad-hoc batch (see :func:`pop_prefetched`).  ``step_done`` follows each
+    step's backward (or each evaluation batch's forward).
     """
 
     # batches the backend wants to see ahead of their forward (0: it does not prefetch)
@@ -106,8 +110,9 @@ class EmbeddingBackend(nn.Module):
     def step_done(self) -> None:
         """The last forwarded batch's backward has been issued (its cached rows may be released)."""
 
-    def cancel_prefetch(self) -> None:
-        """Forget prefetched batches that will not be forwarded (a loop left early)."""
+    def cancel_prefetch(self, grad: bool | None = None) -> None:
+        """Forget prefetched batches that will not be forwarded (a loop left early): those
+        prefetched under grad (``grad=True``), under no_grad (``False``) or all (``None``)."""
 
     def set_learning_rate(self, lr: float) -> None:
         """The fused optimizer's learning rate (warm-up and schedules change it between steps)."""
@@ -122,13 +127,8 @@ class EmbeddingBackend(nn.Module):
         return {}
 
     def reset_stats(self) -> None:
-        """Start the counters :meth:`stats` reports afresh (sizes such as cache_rows stay).
-
-        A backend with counters overrides this.  The default discards one :meth:`stats` reading,
-        which resets a backend whose ``stats()`` still resets on read (the freq_cache until it
-        implements this method) and does nothing to one that does not.
-        """
-        self.stats()
+        """Start the counters :meth:`stats` reports afresh (sizes such as cache_rows stay); a
+        backend with counters overrides it."""
 
     def take_stats(self) -> dict[str, float]:
         """The counters of one interval: :meth:`stats`, then :meth:`reset_stats`."""
@@ -217,18 +217,26 @@ def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> Keyed
     return KeyedTensor(keys=keys, length_per_key=[dim] * len(keys), values=values)
 
 
-def takes_prefetched(prefetched: KeyedJaggedTensor, prefetched_train: bool, kjt: KeyedJaggedTensor) -> bool:
-    """Whether a forward of ``kjt`` consumes the oldest prefetched batch (the FIFO protocol of
-    :class:`EmbeddingBackend`): always under grad, under no_grad only a batch prefetched under no_grad.
+def pop_prefetched(queue: deque, kjt: KeyedJaggedTensor, kjt_of: Callable[[Any], KeyedJaggedTensor],
+                   grad_of: Callable[[Any], bool]) -> Any | None:
+    """Remove and return the entry of ``queue`` (prefetched batches, oldest first) that a forward of
+    ``kjt`` consumes under the FIFO protocol of :class:`EmbeddingBackend`, or None (ad hoc).
 
-    What is consumed is the oldest batch by contract, not by comparing ids (a device copy could not
-    be compared without a synchronization); a batch of another shape breaks the contract and fails.
+    Under grad: the oldest entry.  Under no_grad: the oldest entry prefetched under no_grad.
+    What is consumed is chosen by the contract, not by comparing ids (a device copy could not be
+    compared without a synchronization); a batch of another shape breaks the contract and fails.
     """
-    if prefetched_train and not torch.is_grad_enabled():
-        return False
+    if torch.is_grad_enabled():
+        entry = queue[0] if queue else None
+    else:
+        entry = next((e for e in queue if not grad_of(e)), None)
+    if entry is None:
+        return None
+    prefetched = kjt_of(entry)
     if kjt is not prefetched and (kjt.stride() != prefetched.stride() or list(kjt.keys()) != list(prefetched.keys())):
         raise RuntimeError(
-            f"forward of a batch of {kjt.stride()} samples while the oldest prefetched batch has "
+            f"forward of a batch of {kjt.stride()} samples while the prefetched batch it consumes has "
             f"{prefetched.stride()}: batches must be forwarded in the order they were prefetched"
         )
-    return True
+    queue.remove(entry)
+    return entry

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..embedding.base import SparseOptim, TableSpec
-from ..embedding.freq_cache.plan import cache_rows_for
+from ..embedding.freq_cache.layout import cache_rows_for
 
 # A lookup that misses the device cache moves a row over PCIe and back: several hits' worth of work.
 MISS_COST = 8.0

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, takes_prefetched
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, pop_prefetched
 from .placement import Shard
 
 
@@ -127,8 +127,9 @@ class ShardedEmbeddings(EmbeddingBackend):
         self._pending.append((features, local, sizes, torch.is_grad_enabled()))
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        if self._pending and takes_prefetched(self._pending[0][0], self._pending[0][3], features):
-            _, local, sizes, _ = self._pending.popleft()
+        entry = pop_prefetched(self._pending, features, lambda e: e[0], lambda e: e[3])
+        if entry is not None:
+            _, local, sizes, _ = entry
         else:
             local, sizes = self._dist_ids(features)
         b = features.stride()
@@ -149,10 +150,11 @@ class ShardedEmbeddings(EmbeddingBackend):
         if self.local is not None:
             self.local.step_done()
 
-    def cancel_prefetch(self) -> None:
-        self._pending.clear()
+    def cancel_prefetch(self, grad: bool | None = None) -> None:
+        for entry in [e for e in self._pending if grad is None or e[3] == grad]:
+            self._pending.remove(entry)
         if self.local is not None:
-            self.local.cancel_prefetch()
+            self.local.cancel_prefetch(grad)
 
     def set_learning_rate(self, lr: float) -> None:
         if self.local is not None:

@@ -145,7 +145,8 @@ class TrainingRun:
 
     def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
         stream = self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
-        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches, self.cfg.data.prefetch_batches)
+        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches,
+                          self.cfg.data.prefetch_batches, self.embeddings)
         self.log.write(EVAL, step=step, split=split, **result)
         return result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..data.loader import ShardStream
+from ..embedding.base import EmbeddingBackend
 from .metrics import EvalMetrics
 from .pipeline import Pipeline
 
@@ -16,11 +17,12 @@ def evaluate(
     device: torch.device,
     max_batches: int = -1,
     depth: int = 4,
+    embeddings: EmbeddingBackend | None = None,
 ) -> dict[str, float]:
-    """Metrics over one pass of ``stream`` (training's pipeline, without the look-ahead)."""
+    """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too)."""
     model.eval()
     metrics = EvalMetrics(device)
-    with Pipeline(stream.batches(), stream.layout, device, depth=depth, train=False) as batches:
+    with Pipeline(stream.batches(), stream.layout, device, embeddings, depth=depth, train=False) as batches:
         for i, batch in enumerate(batches):
             if 0 <= max_batches <= i:
                 break

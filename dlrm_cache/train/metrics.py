@@ -10,37 +10,46 @@ import torch.nn.functional as F
 
 
 class EvalMetrics:
-    """AUC, log loss and accuracy over one pass of a split (reduced across ranks by torchmetrics)."""
+    """AUC, log loss and accuracy over one pass of a split (gathered across ranks at the end).
+
+    ``update`` only queues device work: no host read per batch (torchmetrics' modules check their
+    inputs' range on the host at every update), so evaluation batches flow like training ones;
+    ``compute`` reads once.  AUC is torchmetrics' exact (threshold-free) ``binary_auroc``; accuracy
+    thresholds probabilities at 0.5 as torchmetrics' ``BinaryAccuracy`` does (``p > 0.5``).
+    """
 
     def __init__(self, device: torch.device) -> None:
-        # imported here: torchmetrics pulls in matplotlib (~1 s), which the training steps before the
-        # first evaluation do not need
-        from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
-
-        self.auroc = BinaryAUROC().to(device)
-        self.accuracy = BinaryAccuracy().to(device)
+        self.probs: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.float64, device=device)
         self.count = torch.zeros((), dtype=torch.float64, device=device)
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        if labels.numel() == 0:  # a rank's share of an uneven last batch (torchmetrics rejects it)
-            return
         probs = torch.sigmoid(logits.float())
-        self.auroc.update(probs, labels.long())
-        self.accuracy.update(probs, labels.long())
+        self.probs.append(probs)
+        self.labels.append(labels)
         self.loss_sum += F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="sum").double()
+        self.correct += ((probs > 0.5) == (labels > 0.5)).sum().double()
         self.count += labels.numel()
 
     def compute(self) -> dict[str, float]:
-        loss_sum, count = self.loss_sum.clone(), self.count.clone()
+        # imported here: torchmetrics pulls in matplotlib (~1 s), which the training steps before the
+        # first evaluation do not need
+        from torchmetrics.functional.classification import binary_auroc
+        from torchmetrics.utilities.distributed import gather_all_tensors
+
+        sums = torch.stack([self.loss_sum, self.correct, self.count])
+        probs = torch.cat(self.probs) if self.probs else sums.new_zeros(0, dtype=torch.float32)
+        labels = torch.cat(self.labels) if self.labels else probs.new_zeros(0)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(loss_sum)
-            torch.distributed.all_reduce(count)
-        n = count.item()
+            torch.distributed.all_reduce(sums)
+            probs, labels = torch.cat(gather_all_tensors(probs)), torch.cat(gather_all_tensors(labels))
+        loss_sum, correct, n = sums.tolist()
         return {
-            "auc": float(self.auroc.compute()) if n else math.nan,
-            "logloss": loss_sum.item() / n if n else math.nan,
-            "accuracy": float(self.accuracy.compute()) if n else math.nan,
+            "auc": float(binary_auroc(probs, labels.long(), validate_args=False)) if n else math.nan,
+            "logloss": loss_sum / n if n else math.nan,
+            "accuracy": correct / n if n else math.nan,
             "samples": int(n),
         }
 

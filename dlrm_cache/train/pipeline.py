@@ -8,19 +8,28 @@ Threads, from the disk to the step:
 * the training thread (this iterator): the asynchronous device copy, ``prefetch`` of batch
   ``t + lookahead`` (the backend moves that batch's rows while batch ``t`` trains), then batch ``t``.
 
+Streams (see dlrm_cache/streams.py): a batch is copied on the device's *input* stream, never on the
+compute stream, so the cache's planning of that batch (which waits for the copy) never waits for
+the step in flight; the compute stream waits for the copy's event only when the batch is handed to
+the step, and the batch's tensors are ``record_stream``-ed there.
+
 Prefetch identity is positional (FIFO, see ``EmbeddingBackend``): the batch handed to the step is the
 oldest one prefetched, and the backend is prefetched with the very device batch the step forwards.
+Evaluation batches (``train=False``, iterated under ``torch.no_grad()``) are prefetched too; they
+queue behind the training window and leaving the loop forgets only them.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from ..data.loader import Batch, OneIdPerSample, Prefetcher
 from ..embedding.base import EmbeddingBackend
+from ..streams import streams_for
 
 
 class Pipeline:
@@ -40,11 +49,12 @@ class Pipeline:
         analysis_threads: int = 1,
         train: bool = True,
     ) -> None:
-        # evaluation forwards are ad hoc (FIFO matches training batches only): no look-ahead
-        self.lookahead = backend.lookahead if backend is not None and train else 0
+        self.lookahead = backend.lookahead if backend is not None else 0
         self.backend = backend
+        self.train = train
         self.layout = layout
         self.device = device
+        self.streams = streams_for(device)
         analyze = self._analyze if self.lookahead else None
         self._reader = Prefetcher(batches, depth, transform=analyze, workers=analysis_threads)
 
@@ -53,24 +63,39 @@ class Pipeline:
         batch.analysis = self.backend.analyze(batch.sparse)
         return batch
 
-    def _to_device(self, batch: Batch) -> Batch:
-        if self.device.type == "cpu":  # the same object: an analysis stays attached to its batch
-            return batch
-        return self.layout.to(batch, self.device)
+    def _to_device(self, batch: Batch) -> tuple[Batch, Any]:
+        """``batch`` on the device, copied on the input stream, and the copy's event."""
+        st = self.streams
+        if not st.asynchronous:  # the same object: an analysis stays attached to its batch
+            return batch, None
+        with st.use(st.input):
+            batch = self.layout.to(batch, self.device, copy=True)
+        return batch, st.record_event(st.input)
 
     def __iter__(self) -> Iterator[Batch]:
-        window: deque[Batch] = deque()
+        window: deque[tuple[Batch, Any]] = deque()
         for host in self._reader:
-            batch = self._to_device(host)
+            batch, ready = self._to_device(host)
             if self.lookahead:
                 self.backend.prefetch(batch.sparse, host.analysis)
-            window.append(batch)
+            window.append((batch, ready))
             if len(window) > self.lookahead:
-                yield window.popleft()
+                yield self._hand_over(*window.popleft())
                 self._step_done()
         while window:
-            yield window.popleft()
+            yield self._hand_over(*window.popleft())
             self._step_done()
+
+    def _hand_over(self, batch: Batch, ready: Any) -> Batch:
+        """The step's stream waits for the batch's copy; the batch's memory outlives its use there."""
+        st = self.streams
+        if ready is not None:
+            step = st.current_stream()
+            st.wait_event(step, ready)
+            for t in (batch.dense, batch.labels, batch.sparse.values()):
+                st.record_stream(t, step)
+        st.handed_to_step()
+        return batch
 
     def _step_done(self) -> None:
         # the consumer asks for the next batch: the previous one's backward has been issued
@@ -80,7 +105,9 @@ class Pipeline:
     def close(self) -> None:
         self._reader.close()
         if self.lookahead:
-            self.backend.cancel_prefetch()  # batches fetched past the last step are never trained
+            # batches fetched past the last step are never forwarded (this loop's only: an
+            # evaluation between training steps leaves the training window alone)
+            self.backend.cancel_prefetch(grad=self.train)
 
     def __enter__(self) -> Pipeline:
         return self

@@ -18,10 +18,10 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm_cache.embedding.base import SparseOptim, TableSpec, takes_prefetched
+from dlrm_cache.embedding.base import SparseOptim, TableSpec, pop_prefetched
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table, predict_hit_rate
-from dlrm_cache.embedding.freq_cache.plan import WINDOW_SIGMAS, cache_layout
+from dlrm_cache.embedding.freq_cache.layout import WINDOW_SIGMAS, cache_layout
 from dlrm_cache.parallel.placement import plan_placement
 
 DIM = 8
@@ -160,12 +160,14 @@ def test_cancel_prefetch_releases_the_window():
     rng = np.random.default_rng(11)
     for _ in range(3):
         cache.prefetch(make_batch(rng, tables, 128))
+    cache.settle()  # the planner placed them
     assert cache.slots.pin.sum() > 0
     cache.cancel_prefetch()
     assert cache.slots.pin.sum() == 0
     trained = [make_batch(rng, tables, 128) for _ in range(4)]
     run_training(host, cache, trained, lookahead=1)
     cache.step_done()
+    cache.settle()
     assert cache.slots.pin.sum() == 0
     # lookups are counted when a batch is forwarded: the cancelled batches' rows were placed, never looked up
     assert cache.stats()["accesses"] == sum(b.values().numel() for b in trained)
@@ -214,19 +216,30 @@ def test_flush_with_prefetched_batches_keeps_their_updates():
 
 
 def test_forward_takes_prefetched_batches_in_order_and_evaluation_never_takes_a_training_one():
-    """FIFO by contract (meta tensors stand in for CUDA: nothing is compared but the shape)."""
+    """FIFO by contract (meta tensors stand in for CUDA: nothing is compared but the shape): a
+    training forward takes the oldest batch, an evaluation forward the oldest prefetched under
+    no_grad (queued behind the training window), else it is ad hoc."""
     def kjt(stride=3):
         return KeyedJaggedTensor(keys=["a", "b"], values=torch.empty(2 * stride, dtype=torch.int64, device="meta"),
                                  lengths=torch.ones(2 * stride, dtype=torch.int64, device="meta"), stride=stride,
                                  length_per_key=[stride, stride])
 
-    prefetched, copy = kjt(), kjt()
-    assert takes_prefetched(prefetched, True, copy)
+    from collections import deque
+
+    def pop(queue, batch):
+        return pop_prefetched(queue, batch, lambda e: e[0], lambda e: e[1])
+
+    train1, train2, eval1, eval2 = (kjt(), True), (kjt(), True), (kjt(), False), (kjt(), False)
+    queue = deque([train1, train2, eval1, eval2])
     with torch.no_grad():
-        assert not takes_prefetched(prefetched, True, copy)  # evaluation: an ad-hoc batch
-        assert takes_prefetched(prefetched, False, copy)  # prefetched for evaluation
+        assert pop(queue, kjt()) is eval1 and pop(queue, kjt()) is eval2  # behind the window
+        assert pop(queue, kjt()) is None  # an ad-hoc evaluation batch
+    assert list(queue) == [train1, train2]
+    assert pop(queue, kjt()) is train1
     with pytest.raises(RuntimeError, match="order they were prefetched"):
-        takes_prefetched(prefetched, True, kjt(stride=4))
+        pop(queue, kjt(stride=4))
+    queue = deque([eval1])
+    assert pop(queue, kjt()) is eval1  # trained on after all: the oldest, whatever its mode
 
 
 def test_prefetch_host_batch_forward_device_copy_is_matched():
@@ -238,9 +251,10 @@ def test_prefetch_host_batch_forward_device_copy_is_matched():
     b = make_batch(rng, tables, 64)
     copy = KeyedJaggedTensor.from_lengths_sync(b.keys(), b.values().clone(), b.lengths().clone())
     cache.prefetch(b)
-    loaded = cache.stats()["rows_loaded"]
+    loaded = cache.take_stats()["rows_loaded"]
     torch.testing.assert_close(cache(copy).values(), host(copy).values(), **TOL)
     assert loaded > 0 and cache.stats()["rows_loaded"] == 0  # served from the prefetch
+    cache.settle()
     assert not cache._queue
 
 
@@ -315,7 +329,8 @@ def test_counts_must_match_tables():
 
 def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch():
     """The range check is read with the batch's sizes (no host read of its own); a failing batch is
-    neither left in the window nor pinning slots, so training goes on and still equals host."""
+    raised by its forward (its placement runs on the planner thread), is neither left in the window
+    nor pinning slots, so training goes on and still equals host."""
     tables = make_tables()
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     host, cache = pair(tables, optim, cache_ratio=0.05, counts=make_counts(tables), lookahead=2)
@@ -325,8 +340,9 @@ def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch():
     c3 = int(sum(good.length_per_key()[:2]))  # first id of table C3 (60 rows)
     values[c3] = 60
     bad = KeyedJaggedTensor.from_lengths_sync(good.keys(), values, good.lengths())
+    cache.prefetch(bad)
     with pytest.raises(IndexError, match=r"id 60 out of range for table C3 \(60 rows\)"):
-        cache.prefetch(bad)
+        cache(bad)
     run_training(host, cache, [make_batch(rng, tables, 64) for _ in range(4)], lookahead=2)
     with pytest.raises(IndexError, match="table C3"), torch.no_grad():
         cache(bad)  # an ad-hoc batch (evaluation)
@@ -406,7 +422,7 @@ def measured_hit_rate(policy, ratio, tables, batches, static_fraction=0.5, warmu
             cache.prefetch(b)
             cache(b)
             if i + 1 == warmup:
-                cache.stats()  # cold start excluded
+                cache.reset_stats()  # cold start excluded
     return cache.stats()
 
 
@@ -563,24 +579,40 @@ def test_one_host_read_per_batch(row_map):
     from collections import Counter
 
     from dlrm_cache.bench.syncs import HostSyncCounter
+    from dlrm_cache.streams import InlineStreams, streams_override
+
+    planner_c = HostSyncCounter()
+
+    class CountingStreams(InlineStreams):
+        def thread_setup(self):  # the planner thread counts its own ops (modes are per thread)
+            return planner_c
 
     tables = make_tables([20000, 5000, 300, 8000])
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
-    host, cache = pair(tables, optim, cache_ratio=0.03, policy="freq", lookahead=2, counts=make_counts(tables),
-                       row_map=row_map, batch_size=256)
+    with streams_override(CountingStreams):
+        host, cache = pair(tables, optim, cache_ratio=0.03, policy="freq", lookahead=2,
+                           counts=make_counts(tables), row_map=row_map, batch_size=256)
     rng = np.random.default_rng(11)
     batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(12)]
     g = torch.Generator().manual_seed(0)
     cache_c, host_c, prefetched = HostSyncCounter(), HostSyncCounter(), 0
+    planner_syncs, planner_ops = Counter(), Counter()
     for b in batches[:2]:
         cache.prefetch(b)
     for i, b in enumerate(batches):
         on = 4 <= i < len(batches) - 2  # as many forwards as prefetches
+        if on:
+            cache.settle()
+            syncs0, ops0 = Counter(planner_c.syncs), Counter(planner_c.ops)
         with cache_c if on else contextlib.nullcontext():
             if i + 2 < len(batches):
                 cache.prefetch(batches[i + 2], cache.analyze(batches[i + 2]))
                 prefetched += on
             out_c = cache(b).values()
+        if on:
+            cache.settle()
+            planner_syncs += planner_c.syncs - syncs0
+            planner_ops += planner_c.ops - ops0
         with host_c if on else contextlib.nullcontext():
             out_h = host(b).values()
         torch.testing.assert_close(out_c, out_h, **TOL)
@@ -589,10 +621,12 @@ def test_one_host_read_per_batch(row_map):
         (out_h * w).sum().backward()
     s = cache.stats()
     assert s["rows_loaded"] > 0 and (s["deferred_batches"], s["overflow_batches"]) == (0, 0)
-    assert cache_c.syncs - host_c.syncs == Counter(tolist=prefetched)
-    assert cache_c.ops["sort"] + cache_c.ops["topk"] <= 3 * prefetched  # dedup, row-map re-sort, victims
-    assert cache_c.ops["_unique2"] == cache_c.ops["nonzero"] == 0
-    extra_ops = cache_c.total_ops - host_c.total_ops
+    # the training thread reads nothing of the cache's; the planner reads each placement's sizes once
+    assert cache_c.syncs - host_c.syncs == Counter()
+    assert planner_syncs == Counter(tolist=prefetched)
+    assert planner_ops["sort"] + planner_ops["topk"] <= 3 * prefetched  # dedup, row-map re-sort, victims
+    assert planner_ops["_unique2"] == planner_ops["nonzero"] == 0
+    extra_ops = cache_c.total_ops + planner_ops.total() - host_c.total_ops
     assert extra_ops <= OPS_PER_BATCH[row_map] * prefetched, extra_ops / prefetched
     assert_tables_equal(cache.export_tables(), host.export_tables())
 

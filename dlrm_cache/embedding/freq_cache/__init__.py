@@ -1,6 +1,6 @@
 """Frequency-aware embedding cache: full tables in host memory, the hot rows on the device."""
 
 from .backend import FreqCacheBackend
-from .plan import plan_table, predict_hit_rate
+from .layout import plan_table, predict_hit_rate
 
 __all__ = ["FreqCacheBackend", "plan_table", "predict_hit_rate"]

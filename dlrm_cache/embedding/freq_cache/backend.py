@@ -4,7 +4,7 @@ Layout
     One fbgemm TBE on the device with a single table of ``num_slots`` rows that every feature maps
     onto (``feature_table_map = [0] * T``): a *global* slot pool.  Its size is the sum over tables of
     ``max(1, ceil(cache_ratio * rows_t))`` -- the same memory as per-table caches -- plus the slots
-    ``cache_layout`` (plan.py) adds when the look-ahead window needs more; capacity goes where the
+    ``cache_layout`` (layout.py) adds when the look-ahead window needs more; capacity goes where the
     accesses are: a 3-row table does not get 1 slot it must thrash through every batch while a
     10M-row table has spare ones.  Lookups and the fused optimizer (backward) run on slot
     ids, so a row's optimizer state lives next to its weight in the slot and travels with it.
@@ -16,31 +16,36 @@ Layout
     gets ``static_fraction`` of its own share.  ``static_fraction=0`` gives a pure lfu/lru cache.
 
 Where the work runs
-    All of the cache's planning runs on the cache's device, in torch ops, on its own high-priority
-    stream (see mover.py): dedup of a batch's ids (one sort of int32 keys, where they fit, into
-    buffers with room for every id), lookups (binary search in the dynamic region's sorted rows,
-    or a dense map), victim choice (``topk`` over slot scores), pins, dirty bits, and the row
-    copies themselves (kernels reading and writing the host-mapped store).  The host launches
-    kernels and reads device values once per attempt to place a batch (once per batch unless it
-    is deferred): its sizes (distinct rows, misses, free slots, an out-of-range flag) in one read,
-    after which every kernel is sized by what the host knows (``nonzero_static``, write-backs of
-    clean victims to a scratch row).  Planning on the host with numpy took more than the GPU step
-    itself at batch 16384 (an earlier version).  Without CUDA the same code runs on CPU tensors,
-    which is how the tests check it; there ``analyze`` (dedup etc.) runs in the loader thread.
+    On the training thread: nothing but posting tasks and the lookup itself.  Every placement
+    decision runs on the cache's planner thread (planner.py), in torch ops on the cache's device and
+    its high-priority plan stream (see mover.py and dlrm_cache/streams.py): dedup of a batch's ids
+    (one sort of int32 keys, where they fit, into buffers with room for every id), lookups (binary
+    search in the dynamic region's sorted rows, or a dense map), victim choice (``topk`` over slot
+    scores), pins, dirty bits, and the row copies themselves (kernels reading and writing the
+    host-mapped store, on the copy stream).  The planner reads device values once per attempt to
+    place a batch (once per batch unless it is deferred): its sizes (distinct rows, misses, free
+    slots, an out-of-range flag) in one read of the plan stream, which never waits for the compute
+    stream; every kernel after it is sized by what the host knows (``nonzero_static``, write-backs
+    of clean victims to a scratch row).  Without CUDA the same code runs on CPU tensors, which is
+    how the tests check it; there ``analyze`` (dedup etc.) runs in the loader thread, and the
+    planner thread overlaps the step on a second core.
 
 Step protocol (what the trainer does)
     ``prefetch(kjt)`` for each future batch (FIFO), then ``forward(kjt)`` for the oldest one, then
-    its backward.  A prefetch dedupes the batch's ids, finds misses, evicts victims by policy (dirty
-    ones written back), loads the misses, and keeps the remapped slot ids for that batch.  Every slot
-    a prefetched batch uses is pinned (refcount) until that batch is *retired*.  A batch is retired at
-    the next call of ``prefetch``, ``forward``, ``step_done``, ``flush``, ``export_tables`` or
-    ``import_tables`` -- i.e. its backward must have been issued by then, which is what every
-    training loop does (forward, backward, optimizer step, next batch).  ``forward`` without a prior
-    prefetch (evaluation, ``lookahead=0``) prepares the batch synchronously.
+    its backward.  A prefetch (on the planner) dedupes the batch's ids, finds misses, evicts victims
+    by policy (dirty ones written back, after the event recorded on the compute stream when the
+    batches that last used them retired), loads the misses, and keeps the remapped slot ids for that
+    batch.  Every slot a prefetched batch uses is pinned (refcount) until that batch is *retired*.
+    A batch is retired at the next call of ``prefetch``, ``forward``, ``step_done``, ``flush``,
+    ``export_tables`` or ``import_tables`` -- i.e. its backward must have been issued by then, which
+    is what every training loop does (forward, backward, optimizer step, next batch).  ``forward``
+    waits until its batch is placed (normally long done); a batch without a prior prefetch
+    (``lookahead=0``, an ad-hoc evaluation batch) is placed then.
 
-    ``forward`` consumes the oldest prefetched batch (FIFO, see ``EmbeddingBackend``): a forward
-    under grad always, a no_grad forward only a batch prefetched under no_grad.  An ad-hoc batch
-    (evaluation between training steps) leaves the window alone unless it needs the space.
+    ``forward`` consumes a prefetched batch by the FIFO protocol of ``EmbeddingBackend``: under grad
+    the oldest, under no_grad the oldest prefetched under no_grad (evaluation batches queue behind
+    the training window).  A deferred batch that is forwarded next takes the window's space back
+    (the later batches are placed again afterwards).
 
 Overflow
     A batch whose rows do not fit next to the pinned window is *deferred* (the window shrinks; later
@@ -58,9 +63,9 @@ Dirty tracking
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -68,52 +73,23 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import (
-    DeviceUnavailable,
-    EmbeddingBackend,
-    SparseOptim,
-    TableSpec,
-    pooled,
-    shared_dim,
-    takes_prefetched,
-)
+from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, pop_prefetched, shared_dim
 from ..tbe import make_tbe, momentum_view, weights_view
+from .batch import Analysis, WindowBatch
+from .counters import Counters
+from .settings import check_settings, flatten_counts
 from .mover import Mover
-from .plan import cache_layout
-from .policy import POLICIES, EvictionPolicy
+from .overflow import OverflowPath
+from .layout import cache_layout
+from .planner import Planner
+from .policy import EvictionPolicy
 from .slots import SlotTable
 from .store import HostStore
 
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(eq=False)
-class _Batch:
-    """One batch between its prefetch and its retirement; tensors live on the cache's device.
-
-    ``uniq``/``counts`` have room for every id (fixed capacity: deduplication without reading a
-    size) until the batch's first ``_prepare`` reads ``n_uniq`` and trims them."""
-
-    kjt: KeyedJaggedTensor
-    num_ids: int
-    grow: torch.Tensor  # global row of every id (out-of-range ids replaced by row 0)
-    table_accesses: np.ndarray  # accesses per table (host)
-    uniq: torch.Tensor  # distinct global rows, sorted, then the scratch id as padding
-    inverse: torch.Tensor  # position in uniq of every id
-    counts: torch.Tensor  # accesses of each uniq row in this batch
-    n_uniq: torch.Tensor | int  # device scalar until read, then the host int
-    bad: torch.Tensor  # device bool: an id out of its table's range
-    prepared: bool = False
-    deferred: bool = False
-    hit: torch.Tensor | None = None  # per uniq row: resident before its first placement (counted at forward)
-    train: bool = False  # its slots are marked dirty (a training batch)
-    pinned: torch.Tensor | None = None  # slots pinned by this batch (= its uniq rows' slots)
-    indices: torch.Tensor | None = None  # slot ids for the lookup
-    event: Any = None  # CUDA event: its rows are in place
-    overflow: dict | None = None
-
-
-class FreqCacheBackend(EmbeddingBackend):
+class FreqCacheBackend(OverflowPath, EmbeddingBackend):
     uses_counts = True
 
     def __init__(
@@ -133,42 +109,8 @@ class FreqCacheBackend(EmbeddingBackend):
         super().__init__(tables, optim)
         # ---- validation: everything before a byte is allocated
         self.dim = shared_dim(tables, "freq_cache")
-        if not (isinstance(cache_ratio, (int, float)) and 0 < cache_ratio <= 1):
-            raise ValueError(f"embedding.cache_ratio={cache_ratio!r}: must be in (0, 1]")
-        if policy not in POLICIES:
-            raise ValueError(f"embedding.policy={policy!r}: choose one of {list(POLICIES)}")
-        if not 0 <= static_fraction <= 1:
-            raise ValueError(f"embedding.static_fraction={static_fraction!r}: must be in [0, 1]")
-        if int(lookahead) != lookahead or lookahead < 0:
-            raise ValueError(f"embedding.lookahead={lookahead!r}: must be an integer >= 0")
-        if int(batch_size) != batch_size or batch_size < 0:
-            raise ValueError(f"embedding.batch_size={batch_size!r}: must be an integer >= 0")
-        if row_map not in ("auto", "sorted", "dense"):
-            raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
-        if policy == "freq" and counts is None:
-            raise ValueError(
-                "embedding.policy='freq' ranks rows by their dataset access counts, but no counts "
-                "were given (the trainer reads them from the dataset's stats/counts.parquet); use "
-                "embedding.policy=lfu or lru without them"
-            )
-        flat_counts = None
-        if counts is not None:
-            parts = []
-            for t in tables:
-                if t.name not in counts or counts[t.name] is None:
-                    raise ValueError(f"embedding counts: no per-row counts for table {t.name}")
-                c = counts[t.name]
-                c = c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
-                if c.ndim != 1 or c.shape[0] != t.num_rows:
-                    raise ValueError(
-                        f"embedding counts for table {t.name}: {c.shape[0] if c.ndim == 1 else c.shape} "
-                        f"entries but the table has {t.num_rows} rows (dataset stats and "
-                        "manifest disagree: preprocess again)"
-                    )
-                if c.size and c.min() < 0:
-                    raise ValueError(f"embedding counts for table {t.name}: negative counts")
-                parts.append(c.astype(np.float64))
-            flat_counts = np.concatenate(parts)
+        check_settings(cache_ratio, policy, static_fraction, lookahead, batch_size, row_map, counts)
+        flat_counts = None if counts is None else flatten_counts(tables, counts)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailable(
@@ -236,77 +178,170 @@ class FreqCacheBackend(EmbeddingBackend):
             self.mover.move(st_slots[:0], st_rows[:0], st_slots, st_rows)
         self.mover.sync()
 
-        self._queue: deque[_Batch] = deque()  # prefetched, not yet forwarded (FIFO)
-        self._inflight: list[_Batch] = []  # forwarded, backward not yet known to be done
-        self._stats = self._zero_stats()
+        self._fifo: deque[WindowBatch] = deque()  # training thread: prefetched, not yet forwarded
+        self._queue: deque[WindowBatch] = deque()  # planner: prefetched, not yet forwarded (FIFO)
+        self._inflight: list[WindowBatch] = []  # planner: forwarded, backward not yet known to be done
+        self._counters = self._zero_stats()
+        self._planner = Planner(self.mover.streams, self.device)
+        weakref.finalize(self, self._planner.close)
 
     # ------------------------------------------------------------------------------ public API
-    def analyze(self, features: KeyedJaggedTensor) -> _Batch | None:
-        """The cache-independent part of a prefetch, for the loader thread: on a CPU cache only (a
-        GPU cache does it on its own plan stream, much faster than the host could)."""
-        return self._analyze(features) if self.device.type == "cpu" else None
+    def analyze(self, features: KeyedJaggedTensor) -> Analysis | None:
+        """The cache-independent part of a prefetch, for the loader thread: on a CPU cache only,
+        where there are no streams (a GPU cache does it on the planner thread, on its plan stream,
+        much faster than the host could)."""
+        return None if self.mover.streams.asynchronous else self._analyze(features)
 
-    def prefetch(self, features: KeyedJaggedTensor, analysis: _Batch | None = None) -> None:
-        self.mover.track_compute()
+    # The training thread's side: post to the planner, never touch the slots ----------------
+    def prefetch(self, features: KeyedJaggedTensor, analysis: Analysis | None = None) -> None:
         self._retire()
-        if analysis is None or analysis.kjt is not features:
-            analysis = self._analyze(features)
-        analysis.train = torch.is_grad_enabled()
-        self._queue.append(analysis)
-        self._try_prepare()
+        b = WindowBatch.new(features, torch.is_grad_enabled())
+        self._fifo.append(b)
+        self._planner.post(self._p_prefetch, b, analysis)
 
     def step_done(self) -> None:
         """The last forwarded batch's backward has been issued (optional: any later call implies it)."""
         self._retire()
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        self.mover.track_compute()
         self._retire()
-        t0 = time.perf_counter()
         train = torch.is_grad_enabled()
-        if self._queue and takes_prefetched(self._queue[0].kjt, self._queue[0].train, features):
-            batch = self._queue.popleft()
-            if train and not batch.train:  # prefetched under no_grad, trained on after all
-                batch.train = True
-                if batch.prepared:
-                    self._mark_dirty(batch)
-        else:
-            batch = self._analyze(features)
-            batch.train = train
-        if not batch.prepared and not self._prepare(batch):
-            # Give the window's space back (those batches are prepared again later), then retry.
-            for b in self._queue:
-                self._unprepare(b)
-            if not self._prepare(batch):
-                out = self._forward_overflow(batch, features)
-                self._stats["stall_s"] += time.perf_counter() - t0
-                return pooled(features, out, self.dim)
-        self._stats["stall_s"] += time.perf_counter() - t0
-        self.mover.wait_ready(batch.event, batch.indices)
+        b = pop_prefetched(self._fifo, features, lambda b: b.kjt, lambda b: b.train)
+        if b is None:  # ad hoc: placed now
+            b = WindowBatch.new(features, train)
+            self._planner.post(self._p_prefetch, b, None, True)
+        self._planner.post(self._p_demand, b, train)
+        t0 = time.perf_counter()
+        b.wait(self.mover.streams)
+        stall = time.perf_counter() - t0
+        if b.error is not None:
+            raise b.error
+        if b.needs_overflow:
+            self._planner.call(self._p_add_stall, stall)  # the planner is idle from here on
+            out = self._forward_overflow(b, features)
+            return pooled(features, out, self.dim)
+        self.mover.wait_ready(b.event, b.indices)
         offsets = features.offsets().to(self.device, dtype=torch.int64, non_blocking=True)
-        out = self.tbe(batch.indices, offsets)
-        batch.indices, batch.event = None, None
-        with torch.no_grad(), self.mover.planning():  # only forwarded batches count (not a window cancelled)
-            self._count_hits(batch, batch.hit)
-        self._inflight.append(batch)
-        self._try_prepare()  # batches deferred for lack of space
+        out = self.tbe(b.indices, offsets)
+        self._planner.post(self._p_forwarded, b, stall)
         return pooled(features, out, self.dim)
+
+    def _retire(self) -> None:
+        """Every call into the cache retires the forwarded batches: their backward is issued.
+
+        The event recorded now on the compute stream orders later row transfers after it (the
+        backward passes of retired batches, a checkpoint's reads of the store), without the host
+        ever waiting for it."""
+        self.mover.track_compute()
+        self._planner.post(self._p_retire, self.mover.compute_event())
 
     def set_learning_rate(self, lr: float) -> None:
         self._lr = float(lr)
         self.tbe.set_learning_rate(lr)
 
-    @torch.no_grad()
     def flush(self) -> None:
         self._retire()
+        self._planner.call(self._p_flush)
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        self.flush()
+        return self.store.export()
+
+    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
+        self._retire()
+        self._planner.call(self._p_import, state)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last ``reset_stats`` (read on the plan stream; nothing changes)."""
+        out = self._planner.call(self._p_stats)
+        out["transfer_wait_s"] = self.mover.transfer_wait_s()  # the training thread's own waits
+        return out
+
+    def reset_stats(self) -> None:
+        self._planner.call(self._p_reset_stats)
+        self.mover.reset_transfer_wait()
+
+    def settle(self) -> None:
+        """Wait until the planner has run every task posted so far (its state is then current)."""
+        self._planner.call(lambda: None)
+
+    def cancel_prefetch(self, grad: bool | None = None) -> None:
+        """Forget prefetched batches that will not be forwarded (e.g. a loop left early)."""
+        gone = [b for b in self._fifo if grad is None or b.train == grad]
+        for b in gone:
+            self._fifo.remove(b)
+        self._planner.call(self._p_cancel, gone)
+
+    # The planner's side (tasks run on the planner thread, in order) -------------------------
+    def _p_prefetch(self, b: WindowBatch, analysis: Analysis | None, adhoc: bool = False) -> None:
+        try:
+            if analysis is None or analysis.kjt is not b.kjt:
+                analysis = self._analyze(b.kjt)
+            b.adopt(analysis)
+        except BaseException as e:
+            b.error = e
+            b.signal(self.mover.streams)
+            return
+        if not adhoc:
+            self._queue.append(b)
+            self._try_prepare()
+
+    def _p_demand(self, b: WindowBatch, train: bool) -> None:
+        """``b`` is forwarded next: placed now, whatever it takes."""
+        if b.error is not None:
+            return
+        if b in self._queue:
+            self._queue.remove(b)
+        if train and not b.train:  # prefetched under no_grad, trained on after all
+            b.train = True
+            if b.prepared:
+                self._mark_dirty(b)
+        if not b.prepared:
+            try:
+                if not self._prepare(b):
+                    # Give the window's space back (those batches are placed again later), retry.
+                    for q in self._queue:
+                        self._unprepare(q)
+                    b.needs_overflow = not self._prepare(b)
+            except BaseException as e:
+                b.error = e
+        b.signal(self.mover.streams)
+
+    def _p_forwarded(self, b: WindowBatch, stall: float) -> None:
+        self._counters.add("stall_s", stall)
+        self._count_hits(b, b.hit)  # only forwarded batches count (not a window cancelled)
+        b.indices, b.event = None, None
+        self._inflight.append(b)
+        self._try_prepare()  # batches deferred for lack of space
+
+    def _p_add_stall(self, stall: float) -> None:
+        self._counters.add("stall_s", stall)
+
+    def _p_retire(self, event: Any) -> None:
+        self.mover.retired(event)
+        for b in self._inflight:
+            if b.overflow is not None:
+                self._retire_overflow(b)
+            else:
+                self.slots.pin[b.pinned] -= 1
+        self._inflight.clear()
+        self._try_prepare()
+
+    def _p_cancel(self, gone: list[WindowBatch]) -> None:
+        for b in gone:
+            if b in self._queue:
+                self._queue.remove(b)
+            self._unprepare(b)
+        self._try_prepare()  # batches deferred behind the cancelled ones
+
+    def _p_flush(self) -> None:
         self.mover.sync()
         s = self.slots
         slots = torch.nonzero(s.dirty).squeeze(1)
         if slots.numel():
             self.mover.move_now(slots, s.slot_row[slots], slots[:0], slots[:0])
             s.dirty[slots] = False
-            self._stats["rows_written_back"] += slots.numel()
-            self.mover.plan_after_compute()  # the bits above were cleared on the compute stream
+            self._counters.add("rows_written_back", slots.numel())
             self._remark_queued()
         self.mover.sync()
 
@@ -316,77 +351,42 @@ class FreqCacheBackend(EmbeddingBackend):
             if b.prepared and b.train:
                 self._mark_dirty(b)
 
-    def export_tables(self) -> dict[str, torch.Tensor]:
-        self.flush()
-        return self.store.export()
-
-    @torch.no_grad()
-    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
-        self._retire()
+    def _p_import(self, state: dict[str, torch.Tensor]) -> None:
         self.mover.sync()
         self.store.load(state)
         slots, rows = self.slots.resident()
         self.mover.move_now(slots[:0], rows[:0], slots, rows)
         self.slots.dirty[:] = False
-        self.mover.plan_after_compute()
         self._remark_queued()
         self.mover.sync()
 
-    def stats(self) -> dict[str, float]:
-        s = self._stats
-        self.mover.use_on_compute()  # the counters are updated on the plan stream
-        dev = {k: v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v for k, v in s.items()}
-        table_hits = s["table_hits"].cpu().numpy()
-        out: dict[str, float] = {}
-        acc, dist = dev["accesses"], dev["distinct"]
-        out["hit_rate"] = float(dev["hits"] / acc) if acc else 0.0
-        out["hit_rate_distinct"] = float(dev["distinct_hits"] / dist) if dist else 0.0
-        for i, t in enumerate(self.tables):
-            a = s["table_accesses"][i]
-            out[f"hit_rate/{t.name}"] = float(table_hits[i] / a) if a else 0.0
-        out["accesses"] = float(acc)
-        out["distinct_ids"] = float(dist)
-        rb = self.optim.row_bytes(self.dim)
-        out["rows_loaded"] = float(dev["rows_loaded"])
-        out["bytes_loaded"] = float(dev["rows_loaded"] * rb)
-        out["rows_written_back"] = float(dev["rows_written_back"])
-        out["bytes_written_back"] = float(dev["rows_written_back"] * rb)
-        out["evictions"] = float(dev["evictions"])
-        out["stall_s"] = float(dev["stall_s"])
-        out["transfer_wait_s"] = self.mover.transfer_wait_s()
-        out["overflow_batches"] = float(dev["overflow_batches"])
-        out["deferred_batches"] = float(dev["deferred_batches"])
-        out["cache_bytes"] = float(self.cache_bytes)
-        out["cache_rows"] = float(self.slots.num_slots)
-        out["static_rows"] = float(self.slots.num_static)
-        out["static_bytes"] = float(self.slots.num_static * self.slot_bytes)
-        out["window_rows"] = float(self.slots.num_dynamic)
-        out["window_bytes"] = float(self.slots.num_dynamic * self.slot_bytes)
-        out["window_needed_rows"] = float(self.layout.window_needed)
-        self._stats = self._zero_stats()
-        self.mover.plan_after_compute()  # fresh counters, filled on the compute stream
+    def _p_stats(self) -> dict[str, float]:
+        with self.mover.planning():  # the counters live on the plan stream: read there, not after the step
+            out = self._counters.report(self.mover.read, self.optim.row_bytes(self.dim), self.feature_names)
+        out.update(self.layout_stats())
         return out
 
-    def cancel_prefetch(self) -> None:
-        """Forget prefetched batches that will not be forwarded (e.g. a loop left early)."""
-        for b in self._queue:
-            self._unprepare(b)
-        self._queue.clear()
+    def _p_reset_stats(self) -> None:
+        self._counters = self._zero_stats()
+
+    def layout_stats(self) -> dict[str, float]:
+        """The cache's regions: rows and device bytes (see ``cache_layout``)."""
+        static, window = self.slots.num_static, self.slots.num_dynamic
+        return {
+            "cache_bytes": float(self.cache_bytes), "cache_rows": float(self.slots.num_slots),
+            "static_rows": float(static), "static_bytes": float(static * self.slot_bytes),
+            "window_rows": float(window), "window_bytes": float(window * self.slot_bytes),
+            "window_needed_rows": float(self.layout.window_needed),
+        }
 
     # ------------------------------------------------------------------------------ internals
-    def _zero_stats(self) -> dict[str, Any]:
-        T = len(self.tables)
-        z = lambda: torch.zeros((), dtype=torch.int64, device=self.device)  # noqa: E731
-        return dict(
-            accesses=0, hits=z(), distinct=z(), distinct_hits=z(),
-            table_accesses=np.zeros(T, dtype=np.int64),
-            table_hits=torch.zeros(T, dtype=torch.int64, device=self.device),
-            rows_loaded=0, rows_written_back=0, evictions=z(), stall_s=0.0,
-            overflow_batches=0, deferred_batches=0,
-        )  # fmt: skip
+    def _zero_stats(self) -> Counters:
+        """Fresh counters, made on the plan stream (which updates them)."""
+        with self.mover.planning():
+            return Counters(len(self.tables), self.device)
 
     @torch.no_grad()
-    def _analyze(self, kjt: KeyedJaggedTensor) -> _Batch:
+    def _analyze(self, kjt: KeyedJaggedTensor) -> Analysis:
         """Everything about a batch that does not depend on what is resident, on the cache's device,
         without a host synchronization.
 
@@ -417,9 +417,9 @@ class FreqCacheBackend(EmbeddingBackend):
             uniq.scatter_(0, seg, key.long())
             counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, seg, torch.ones_like(seg))
             n_uniq, bad = first.sum(), bad_id.any()
-        return _Batch(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
+        return Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
 
-    def _raise_bad_id(self, b: _Batch) -> None:
+    def _raise_bad_id(self, b: WindowBatch) -> None:
         v = b.kjt.values().long().cpu()
         table = torch.repeat_interleave(torch.arange(len(self.tables)), torch.from_numpy(b.table_accesses))
         rows = self._t_rows.cpu()[table]
@@ -441,12 +441,12 @@ class FreqCacheBackend(EmbeddingBackend):
         static = rank < self._t_static_rows[table]
         return torch.where(static, rank + self._t_static_off[table], self.slots.lookup(rows))
 
-    def _mark_dirty(self, b: _Batch) -> None:
+    def _mark_dirty(self, b: WindowBatch) -> None:
         with self.mover.planning():
             self.slots.dirty[b.pinned] = True
 
     @torch.no_grad()
-    def _prepare(self, b: _Batch) -> bool:
+    def _prepare(self, b: WindowBatch) -> bool:
         """Make ``b``'s rows resident and pin them; False (nothing changed) when they do not fit.
 
         One host read per call (one synchronization of the plan stream under CUDA): the number of
@@ -494,6 +494,7 @@ class FreqCacheBackend(EmbeddingBackend):
             if b.hit is None:
                 b.hit = hit
             b.event = self.mover.ready()
+        b.signal(self.mover.streams)
         return True
 
     def _evict_and_load(self, victims: torch.Tensor, rows: torch.Tensor) -> None:
@@ -509,23 +510,15 @@ class FreqCacheBackend(EmbeddingBackend):
         self.mover.move(victims, torch.where(wb, old, self.store.scratch_row), victims, rows)
         s.assign(victims, rows)
         self.policy.admitted(victims, rows)
-        st = self._stats
-        st["evictions"] += occupied.sum()
-        st["rows_written_back"] += wb.sum()
-        st["rows_loaded"] += rows.numel()
+        self._counters.evicted(occupied, wb, rows.numel())
 
-    def _count_hits(self, b: _Batch, hit: torch.Tensor) -> None:
-        st = self._stats
-        hit_counts = b.counts * hit
-        st["accesses"] += b.num_ids
-        st["hits"] += hit_counts.sum()
-        st["distinct"] += b.n_uniq
-        st["distinct_hits"] += hit.sum()
-        st["table_accesses"] += b.table_accesses
-        st["table_hits"].index_add_(0, self._table_of(b.uniq), hit_counts)
+    def _count_hits(self, b: WindowBatch, hit: torch.Tensor) -> None:
+        """A forwarded batch's accesses; ``hit``: its distinct rows resident before it was placed."""
+        self._counters.forwarded(b.num_ids, b.table_accesses, b.counts, hit, self._table_of(b.uniq))
 
-    def _unprepare(self, b: _Batch) -> None:
+    def _unprepare(self, b: WindowBatch) -> None:
         if b.prepared:
+            b.ready.clear()
             with self.mover.planning():
                 self.slots.pin[b.pinned] -= 1
             b.prepared, b.pinned, b.indices, b.event = False, None, None, None
@@ -534,88 +527,17 @@ class FreqCacheBackend(EmbeddingBackend):
         """Prepare queued batches in order while they fit (FIFO: a deferred one blocks later ones)."""
         if any(b.overflow is not None for b in self._inflight):
             return  # its rows are outside the cache until it retires
-        for b in self._queue:
+        for b in list(self._queue):
             if b.prepared:
                 continue
-            if not self._prepare(b):
+            try:
+                placed = self._prepare(b)
+            except BaseException as e:  # raised by this batch's forward; later batches go on
+                b.error = e
+                b.signal(self.mover.streams)
+                continue
+            if not placed:
                 if not b.deferred:
                     b.deferred = True
-                    self._stats["deferred_batches"] += 1
+                    self._counters.add("deferred_batches", 1)
                 return
-
-    def _retire(self) -> None:
-        for b in self._inflight:
-            if b.overflow is not None:
-                self._retire_overflow(b)
-            else:
-                with self.mover.planning():
-                    self.slots.pin[b.pinned] -= 1
-        self._inflight.clear()
-
-    # ---- a batch larger than the dynamic region: a temporary TBE holding exactly its rows
-    def _forward_overflow(self, b: _Batch, features: KeyedJaggedTensor) -> torch.Tensor:
-        self._stats["overflow_batches"] += 1
-        with torch.no_grad(), self.mover.planning():
-            # a batch gets here after a _prepare that read its sizes: uniq is trimmed
-            rows, inverse = b.uniq, b.inverse
-            resident = self._slot_of(rows) >= 0  # for the hit rate, before admissions
-            # Still admit what fits (the best of the misses by policy), so that a cache too small for
-            # its batches keeps serving the hot rows instead of staying empty.  Nothing is pinned now
-            # (the window was released), and nothing else is prepared until this batch retires.
-            misses = rows[~resident]
-            k = min(misses.numel(), self.slots.num_dynamic)
-            if k:
-                admit = self.policy.admit_first(misses, k)
-                self._evict_and_load(self.policy.choose(k), admit)
-            slots = self._slot_of(rows)
-            self.policy.observe(rows, b.counts, slots, all_held=False)
-            self._count_hits_overflow(b, rows, resident, inverse)
-        self.mover.sync()
-        self.mover.use_on_compute(rows, slots, inverse)  # plan-stream tensors read on compute from here
-        res = slots >= 0
-        optim = dataclasses.replace(self.optim, lr=self._lr)
-        tmp = make_tbe([rows.numel()], self.dim, optim, self.device, feature_table_map=[0] * len(self.tables))
-        tw = weights_view(tmp, self.dim)
-        tm = momentum_view(tmp, optim, self.dim)
-        with torch.no_grad():
-            tw[res] = self.mover.cache_w[slots[res]]
-            tw[~res] = self.store.weight[rows[~res]]
-            if tm is not None:
-                tm[res] = self.mover.cache_m[slots[res]]
-                tm[~res] = self.store.momentum[rows[~res]]
-        self._stats["rows_loaded"] += int((~res).sum())
-        b.train = torch.is_grad_enabled()
-        b.overflow = dict(tbe=tmp, rows=rows, slots=slots, res=res, optim=optim)
-        offsets = features.offsets().to(self.device, dtype=torch.int64)
-        out = tmp(inverse.reshape(-1), offsets)
-        self._inflight.append(b)
-        return out
-
-    def _count_hits_overflow(self, b: _Batch, rows: torch.Tensor, resident: torch.Tensor, inverse: torch.Tensor) -> None:
-        st = self._stats
-        resident_access = resident[inverse]
-        st["accesses"] += b.num_ids
-        st["hits"] += resident_access.sum()
-        st["distinct"] += rows.numel()
-        st["distinct_hits"] += resident.sum()
-        st["table_accesses"] += b.table_accesses
-        st["table_hits"].index_add_(0, self._table_of(b.grow), resident_access.long())
-
-    @torch.no_grad()
-    def _retire_overflow(self, b: _Batch) -> None:
-        o, b.overflow = b.overflow, None
-        if not b.train:
-            return
-        self.mover.sync()
-        tw = weights_view(o["tbe"], self.dim)
-        tm = momentum_view(o["tbe"], o["optim"], self.dim)
-        res, slots, rows = o["res"], o["slots"], o["rows"]
-        cache_w, cache_m, store = self.mover.cache_w, self.mover.cache_m, self.store
-        cache_w.index_copy_(0, slots[res], tw[res])
-        store.weight.index_copy_(0, rows[~res], tw[~res])
-        if tm is not None:
-            cache_m.index_copy_(0, slots[res], tm[res])
-            store.momentum.index_copy_(0, rows[~res], tm[~res])
-        self.slots.dirty[slots[res]] = True
-        self._stats["rows_written_back"] += int((~res).sum())
-        self.mover.sync()

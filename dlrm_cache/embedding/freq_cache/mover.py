@@ -3,16 +3,18 @@
 Callers pass deduplicated slot/row ids, so every distinct row moves once, weights and optimizer
 state together (write-backs of clean victims all go to the store's scratch row, which nothing reads).
 
-CPU (tests, machines without a GPU): no streams; every operation runs in order as issued.
-
-CUDA: three streams, none of them ever waited on by the CPU during training steps.
+Every stream operation goes through the device's :class:`~dlrm_cache.streams.Streams` (no-ops on
+the CPU, where every operation runs in order as issued; recorded by the tests' stream harness):
+* *input*: the pipeline's copies of batches to the device (waits for nothing);
 * *plan*: the cache's bookkeeping (dedup, lookups, victim choice, pins, dirty bits) on device
-  tensors.  It never waits for the compute stream, so the one size read a prepared batch needs
-  (``read``: distinct rows, misses, free slots) returns as soon as its own short kernels are done.
+  tensors.  It waits for the input stream (the batch it plans), never for the compute stream, so
+  the one host read of a placement (``read``) returns when the plan stream's own short kernels
+  are done, whatever the step in flight;
 * *copy*: write-backs (slots -> host-mapped store) and loads (store -> slots), as kernels that read
-  and write host memory over PCIe.  Before a batch's copies it waits for the compute stream's work
-  so far -- the backward passes of retired batches may still update the slots being evicted -- and
-  for the plan stream's indices.
+  and write host memory over PCIe.  It waits for the plan stream (indices) and for the event
+  recorded on the compute stream when the last batch was retired (``retired``): the backward of
+  every retired batch may still update the slots being evicted, and the slots a prefetched batch
+  pins are never evicted before that batch retires;
 * *compute*: the trainer's stream; a batch's lookup waits on the event recorded after its copies.
 Tensors made on one stream and used on another are ``record_stream``-ed so the caching allocator
 does not hand their memory out while a kernel on the other stream may still read it.
@@ -20,10 +22,9 @@ does not hand their memory out while a kernel on the other stream may still read
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
+from ...streams import streams_for
 from .store import HostStore
 
 
@@ -35,47 +36,48 @@ class Mover:
         self.cache_w = cache_w  # [num_slots, dim] view of the TBE's weights
         self.cache_m = cache_m  # [num_slots] or [num_slots, dim]; None for SGD
         self.device = device
-        self.cuda = device.type == "cuda"
-        self._waits: list = []  # (before, after) timing events around the compute stream's waits
+        self.streams = streams_for(device)
+        self.compute = self.streams.compute
+        self._waits: list = []  # timing tokens around the compute stream's waits
         self._wait_folded = 0.0
-        if self.cuda:
-            self.compute = torch.cuda.current_stream(device)
-            # high priority: its short kernels should not queue behind the step's big ones, since
-            # the prefetching thread waits for their results
-            self.plan = torch.cuda.Stream(device, priority=-1)
-            self.copy = torch.cuda.Stream(device)
+        # the compute stream's work the copy stream must wait for before evicting (see retired)
+        self._retire_event = self.streams.record_event(self.compute)
 
     def track_compute(self) -> None:
         """The caller's current stream is the compute stream (called outside ``planning()``)."""
-        if self.cuda:
-            self.compute = torch.cuda.current_stream(self.device)
+        self.compute = self.streams.current_stream()
 
     def plan_after_compute(self) -> None:
         """The plan stream waits for the compute stream's work so far (tensors it filled)."""
-        if self.cuda:
-            self.plan.wait_stream(self.compute)
+        self.streams.wait_stream(self.streams.plan, self.compute)
 
     def planning(self):
-        """Context for bookkeeping work (the plan stream under CUDA)."""
-        return torch.cuda.stream(self.plan) if self.cuda else contextlib.nullcontext()
+        """Context for bookkeeping work (the plan stream)."""
+        return self.streams.use(self.streams.plan)
 
     def planning_input(self, t: torch.Tensor) -> None:
-        """``t`` was made on the compute stream (a device batch): the plan stream waits for it."""
-        if self.cuda and t.is_cuda:
-            self.plan.wait_stream(self.compute)
-            t.record_stream(self.plan)
+        """``t`` was copied on the input stream (a device batch): the plan stream waits for it."""
+        self.streams.wait_stream(self.streams.plan, self.streams.input)
+        self.streams.record_stream(t, self.streams.plan)
+
+    def compute_event(self):
+        """An event after the compute stream's work so far (recorded on the training thread)."""
+        return self.streams.record_event(self.compute)
+
+    def retired(self, event) -> None:
+        """Batches were retired when ``event`` was recorded (``compute_event``): their backward
+        passes come before any later write-back or load of their (now unpinned) slots."""
+        self._retire_event = event
 
     def move(self, wb_slots: torch.Tensor, wb_rows: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``wb_slots`` back to ``wb_rows``, then fill ``slots`` with (non-resident) ``rows``."""
-        if not self.cuda:
-            self.move_now(wb_slots, wb_rows, slots, rows)
-            return
-        self.copy.wait_stream(self.compute)
-        self.copy.wait_stream(self.plan)
-        with torch.cuda.stream(self.copy):
+        st = self.streams
+        st.wait_event(st.copy, self._retire_event)
+        st.wait_stream(st.copy, st.plan)
+        with st.use(st.copy):
             self.move_now(wb_slots, wb_rows, slots, rows)
         for t in (wb_slots, wb_rows, slots, rows):
-            t.record_stream(self.copy)
+            st.record_stream(t, st.copy)
 
     @torch.no_grad()
     def move_now(self, wb_slots, wb_rows, slots, rows) -> None:
@@ -101,67 +103,55 @@ class Mover:
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A small host tensor on the device without synchronizing: an asynchronous copy from
         pageable memory waits for the stream first, so it goes through pinned memory."""
-        if not self.cuda:
+        if self.device.type != "cuda":
             return t
         return t.pin_memory().to(self.device, non_blocking=True)
 
     def read(self, t: torch.Tensor) -> list:
-        """The one host read of a prefetch (the plan stream's sizes): one synchronization of the
-        plan stream under CUDA, which never waits for the compute stream."""
-        return t.tolist()
+        """The one host read of a prefetch (the plan stream's sizes)."""
+        return self.streams.read(t)
 
     def ready(self):
-        """An event after every copy and plan step issued so far (None on CPU)."""
-        if not self.cuda:
-            return None
-        self.copy.wait_stream(self.plan)
-        return self.copy.record_event()
+        """An event after every copy and plan step issued so far."""
+        st = self.streams
+        st.wait_stream(st.copy, st.plan)
+        return st.record_event(st.copy)
 
     def wait_ready(self, event, indices: torch.Tensor) -> None:
         """The compute stream waits for ``event`` before using ``indices`` (made on the plan stream).
 
-        Timing events around the wait measure how long the GPU really sat waiting for the rows
+        Timing tokens around the wait measure how long the GPU really sat waiting for the rows
         (read lazily by ``transfer_wait_s``, so no host synchronization here).
         """
-        if event is None:
-            return
-        cur = torch.cuda.current_stream(self.device)
-        before = torch.cuda.Event(enable_timing=True)
-        before.record(cur)
-        cur.wait_event(event)
-        after = torch.cuda.Event(enable_timing=True)
-        after.record(cur)
-        self._waits.append((before, after))
-        if len(self._waits) > 512:  # stats() not called for a long time: fold the old ones
-            self._wait_folded += self._drain(self._waits[:256])
-            del self._waits[:256]
-        indices.record_stream(cur)
-
-    @staticmethod
-    def _drain(waits: list) -> float:
-        total = 0.0
-        for before, after in waits:
-            after.synchronize()
-            total += before.elapsed_time(after) / 1000.0
-        return total
+        st = self.streams
+        cur = st.current_stream()
+        token = st.timed_wait(cur, event)
+        if token is not None:
+            self._waits.append(token)
+            if len(self._waits) > 512:  # stats() not called for a long time: fold the old ones
+                self._wait_folded += st.waited_seconds(self._waits[:256])
+                del self._waits[:256]
+        st.record_stream(indices, cur)
 
     def transfer_wait_s(self) -> float:
-        """Seconds the compute stream waited for batches' rows since the last call (0 on CPU)."""
-        total = self._wait_folded + self._drain(self._waits)
+        """Seconds the compute stream waited for batches' rows since ``reset_transfer_wait`` (0 on
+        the CPU).  Reading waits for the timed waits so far (folded into one number)."""
+        self._wait_folded += self.streams.waited_seconds(self._waits)
         self._waits.clear()
+        return self._wait_folded
+
+    def reset_transfer_wait(self) -> None:
         self._wait_folded = 0.0
-        return total
+        self._waits.clear()
 
     def use_on_compute(self, *tensors: torch.Tensor) -> None:
         """Plan-stream results the compute stream reads now: it waits for them, they outlive it."""
-        if not self.cuda:
-            return
-        cur = torch.cuda.current_stream(self.device)
-        cur.wait_stream(self.plan)
+        st = self.streams
+        cur = st.current_stream()
+        st.wait_stream(cur, st.plan)
         for t in tensors:
-            t.record_stream(cur)
+            st.record_stream(t, cur)
 
     def sync(self) -> None:
         """Everything issued so far has finished (flush, import, overflow: not on the step path)."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        self.streams.synchronize()

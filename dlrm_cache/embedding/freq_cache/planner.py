@@ -1,0 +1,96 @@
+"""The cache's own thread: every placement decision runs here, beside the training step.
+
+The training thread posts tasks (a prefetched batch, a retirement with the compute stream's event,
+a demand for a batch it is about to forward) and returns at once; the planner runs them in the
+order posted, on the plan stream, under ``torch.no_grad()``.  Torch ops release the interpreter
+lock, so the cache's planning and row transfers overlap the step on a CPU's second core as they
+overlap it on a GPU.  ``call`` runs a task and waits for it (and so for every task posted before
+it): flush, export, import, stats and cancellation go through it, and while the training thread
+waits in ``call`` or right after it, the planner is idle and owns nothing.
+
+A failure in a posted task is raised by the next ``post`` or ``call`` on the training thread.
+What one thread knows to have finished on the device travels with its tasks and results
+(``Streams.host_knowledge``; only the tests' recorder tracks it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from ...streams import Streams
+
+
+_live: "weakref.WeakSet[Planner]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Let every planner finish its task before the interpreter goes (a daemon thread inside a
+    torch op at exit aborts the process)."""
+    for planner in list(_live):
+        planner.close()
+        planner._thread.join(timeout=60)
+
+
+class Planner:
+    def __init__(self, streams: Streams, device: torch.device, name: str = "freq_cache-planner") -> None:
+        self.streams = streams
+        self.device = device
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        _live.add(self)
+
+    def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        st = self.streams
+        with st.thread_setup(), st.use(st.plan), torch.no_grad():
+            while True:
+                task = self._tasks.get()
+                if task is None:
+                    return
+                fn, args, future, knowledge = task
+                st.learn(knowledge)
+                try:
+                    result = fn(*args)
+                except BaseException as e:  # surfaced on the training thread
+                    if future is not None:
+                        future.set_exception(e)
+                    elif self._error is None:
+                        self._error = e
+                    continue
+                if future is not None:
+                    future.set_result((result, st.host_knowledge()))
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the planner, after the tasks posted so far; do not wait."""
+        self._raise_pending()
+        self._tasks.put((fn, args, None, self.streams.host_knowledge()))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the planner after the tasks posted so far; its result."""
+        self._raise_pending()
+        future: Future = Future()
+        self._tasks.put((fn, args, future, self.streams.host_knowledge()))
+        result, knowledge = future.result()
+        self.streams.learn(knowledge)
+        self._raise_pending()
+        return result
+
+    def close(self) -> None:
+        self._tasks.put(None)

@@ -1,0 +1,426 @@
+"""A recorder of stream operations: what a GPU would order, checked on the CPU.
+
+:class:`RecordingStreams` implements :class:`dlrm_cache.streams.Streams` with fake streams and
+vector clocks.  Installed with ``streams_override`` and :meth:`RecordingStreams.activate`, it
+attributes every aten op (a ``TorchDispatchMode``, entered by each thread that issues work) to the
+calling thread's current fake stream, and models CUDA's ordering rules:
+
+* ops on one stream run in issue order; ``wait_stream``/``wait_event`` add happens-before edges
+  (vector clocks merged), ``record_event`` snapshots a stream's clock;
+* a host read (``Streams.read``, ``synchronize``, and every aten op that makes the host wait for a
+  value or a size: ``item``, ``nonzero``, ...) waits for the reading stream's clock and teaches the
+  reading thread that this work is done; work that thread issues afterwards is ordered after it.
+  Threads pass that knowledge on where they hand work over (``host_knowledge``/``learn``: the
+  cache's planner with its tasks and results).
+
+Three checks, each a list of findings (empty = the contract holds):
+
+``drains``: host reads that wait for compute-stream work issued after the last batch was handed
+    to the step (``Streams.handed_to_step``) and not already known to be done by the reading
+    thread: the step is drained.  Reads inside :meth:`allowed` blocks (evaluation metrics, a
+    checkpoint) and fbgemm's reads of its own host-side counters (``iter_cpu``: a host tensor on
+    a GPU too) are not counted.
+``races``: two accesses to the same memory from different streams, at least one a write, with no
+    happens-before edge between them.  Memory is tracked per storage; the rows of the buffers
+    registered with :meth:`track_rows` (the cache's slot buffers, written by the copy stream and by
+    the fused optimizer on the compute stream) are tracked per row, from the index argument of
+    ``index_select``/``index_copy_``/``index``/``index_put_`` and the ``indices`` of fbgemm's
+    lookup and backward ops.
+``unrecorded``: a tensor allocated after start-up on one stream and used on another, whose Python
+    object died
+    without ``record_stream`` for that stream and without the host knowing the use finished
+    (the caching allocator could have handed its memory out while the use was pending).
+    Approximation: lifetimes are those of the op's output tensor object, not of later views.
+
+Every storage seen is kept alive until :meth:`close`, so addresses are never reused under the
+records.  Clocks are dicts ``{stream index: ops issued}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dlrm_cache.bench.syncs import _sync_kind
+from dlrm_cache.streams import Streams
+
+aten = torch.ops.aten
+Clock = dict  # stream index -> ops issued on it
+
+
+def _merge(into: Clock, other: Clock) -> None:
+    for k, v in other.items():
+        if into.get(k, 0) < v:
+            into[k] = v
+
+
+@dataclass(frozen=True)
+class FakeStream:
+    index: int
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass
+class FakeEvent:
+    clock: Clock
+
+
+@dataclass
+class Read:
+    thread: str
+    stream: str
+    kind: str
+    waits_for: int  # compute ops the read waits for that the thread did not know were done
+    step_mark: int  # compute ops issued when the last batch was handed to the step
+    steps: int  # batches handed to the step so far (0: start-up)
+    where: str
+
+
+@dataclass
+class _Access:
+    stream: int
+    tick: int  # the stream's own clock at the access
+    rows: np.ndarray | None  # None: the whole storage
+    write: bool
+    op: str
+
+
+@dataclass
+class _Alloc:
+    stream: int
+    uses: list = field(default_factory=list)  # (stream, tick) on other streams
+    recorded: set = field(default_factory=set)
+    name: str = ""
+
+
+_INDEX_DIM0 = {
+    aten.index_select.default: ("self", "index", False),
+    aten.index_copy_.default: ("self", "index", True),
+    aten.index_add_.default: ("self", "index", True),
+}
+
+
+class RecordingStreams(Streams):
+    asynchronous = True
+    STREAMS = ("compute", "input", "plan", "copy")
+
+    def __init__(self, device: torch.device) -> None:
+        self._mode = _Mode(self)
+        self._lock = threading.RLock()
+        self._streams: list[FakeStream] = []
+        self._clocks: list[Clock] = []
+        self._tls = threading.local()
+        self._host: dict[int, Clock] = defaultdict(dict)  # per thread: work known to be done
+        self.step_mark = 0
+        self.steps = 0
+        self._allowed: str | None = None
+        self.reads: list[Read] = []
+        self.races: list[str] = []
+        self.unrecorded: list[str] = []
+        self._accesses: dict[int, list[_Access]] = defaultdict(list)
+        self._allocs: dict[int, _Alloc] = {}
+        self._rows: dict[int, tuple[int, int]] = {}  # storage -> (offset, row elements)
+        self._keep: list = []
+        self.ops = 0
+        self.closed = False
+        super().__init__(device)
+        self._default = self.compute
+
+    # -- the Streams interface --------------------------------------------------------------
+    def new_stream(self, name: str, priority: int = 0) -> FakeStream:
+        with self._lock:
+            s = FakeStream(len(self._streams), name)
+            self._streams.append(s)
+            self._clocks.append({})
+            return s
+
+    def current_stream(self) -> FakeStream:
+        if not self._streams:  # the constructor's compute stream
+            return self.new_stream("compute")
+        return getattr(self._tls, "stream", None) or self._default
+
+    @contextlib.contextmanager
+    def use(self, stream: FakeStream):
+        saved = getattr(self._tls, "stream", None)
+        self._tls.stream = stream
+        try:
+            yield
+        finally:
+            self._tls.stream = saved
+
+    @contextlib.contextmanager
+    def thread_setup(self):
+        with self._mode if not self.closed else contextlib.nullcontext():
+            yield
+
+    def wait_stream(self, waiter: FakeStream, waited: FakeStream) -> None:
+        with self._lock:
+            _merge(self._clocks[waiter.index], self._clocks[waited.index])
+
+    def record_event(self, stream: FakeStream) -> FakeEvent:
+        with self._lock:
+            return FakeEvent(dict(self._clocks[stream.index]))
+
+    def wait_event(self, stream: FakeStream, event: FakeEvent | None) -> None:
+        if event is not None:
+            with self._lock:
+                _merge(self._clocks[stream.index], event.clock)
+
+    def record_stream(self, tensor: torch.Tensor, stream: FakeStream) -> None:
+        with self._lock:
+            alloc = self._allocs.get(_key(tensor))
+            if alloc is not None:
+                alloc.recorded.add(stream.index)
+
+    def read(self, tensor: torch.Tensor) -> list:
+        self._host_read(self.current_stream(), "read")
+        return tensor.tolist()
+
+    def synchronize(self) -> None:
+        with self._lock:
+            for s in self._streams:
+                self._host_read(s, "synchronize")
+
+    def host_knowledge(self) -> Clock:
+        with self._lock:
+            return dict(self._host[threading.get_ident()])
+
+    def learn(self, knowledge: Clock | None) -> None:
+        if knowledge:
+            with self._lock:
+                _merge(self._host[threading.get_ident()], knowledge)
+
+    def handed_to_step(self) -> None:
+        with self._lock:
+            self.step_mark = self._clocks[self.compute.index].get(self.compute.index, 0)
+            self.steps += 1
+
+    def timed_wait(self, stream: Any, event: Any) -> Any:
+        self.wait_event(stream, event)
+        return None
+
+    # -- what the tests use -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def activate(self):
+        """Record the calling thread's ops (other threads enter ``thread_setup``)."""
+        with self._mode:
+            yield self
+        self.close()
+
+    @contextlib.contextmanager
+    def allowed(self, why: str):
+        """Host reads inside the block may drain the step (evaluation metrics, checkpoints), on
+        any thread: the block's thread may wait for another (the cache's planner) to read."""
+        saved, self._allowed = self._allowed, why
+        try:
+            yield
+        finally:
+            self._allowed = saved
+
+    def track_rows(self, tensor: torch.Tensor) -> None:
+        """Check ``tensor``'s rows (dim 0) one by one: a slot buffer."""
+        row = tensor.stride(0) if tensor.dim() > 1 else 1
+        self._rows[_key(tensor)] = (tensor.storage_offset(), row)
+
+    def drains(self) -> list[Read]:
+        """Reads after start-up (the first batch handed to the step) that drained the step."""
+        return [r for r in self.reads if r.waits_for > 0 and r.steps > 0]
+
+    def close(self) -> None:
+        """Stop recording (tensors still alive were not freed under the recorder)."""
+        self.closed = True
+        with self._lock:
+            self._allocs.clear()
+            self._keep.clear()
+
+    # -- internals --------------------------------------------------------------------------
+    def _host_read(self, stream: FakeStream, kind: str) -> None:
+        with self._lock:
+            tid = threading.get_ident()
+            host = self._host[tid]
+            clock = self._clocks[stream.index]
+            c = self.compute.index
+            after = max(host.get(c, 0), self.step_mark)
+            waits = clock.get(c, 0) - after
+            if self._allowed is None and not _fbgemm_host_counter():
+                self.reads.append(Read(threading.current_thread().name, stream.name, kind,
+                                       max(waits, 0), self.step_mark, self.steps, _caller()))
+            _merge(host, clock)
+
+    def _issue(self, stream: FakeStream) -> Clock:
+        clock = self._clocks[stream.index]
+        _merge(clock, self._host[threading.get_ident()])
+        clock[stream.index] = clock.get(stream.index, 0) + 1
+        self.ops += 1
+        return clock
+
+    def _dispatch(self, func, args, kwargs):
+        kind = _sync_kind(func, args, kwargs)
+        stream = self.current_stream()
+        with self._lock:
+            clock = self._issue(stream)
+            if kind is not None:  # the host waits for this op too
+                self._host_read(stream, kind)
+            out = func(*args, **kwargs)
+            self._accesses_of(func, args, kwargs, out, stream, clock)
+        return out
+
+    def _accesses_of(self, func, args, kwargs, out, stream: FakeStream, clock: Clock) -> None:
+        schema = func._schema
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        if not writes and any(r.alias_info is not None for r in schema.returns):
+            return  # a view: no memory is touched
+        named = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+                 for i, a in enumerate(schema.arguments)}
+        rows_of = self._row_rule(func, named)
+        for a in schema.arguments:
+            write = a.alias_info is not None and a.alias_info.is_write
+            for t in _tensors(named.get(a.name)):
+                self._access(t, stream, clock, write, rows_of(a.name, t), func)
+        if any(r.alias_info is not None for r in schema.returns):
+            return  # in place or a view: its accesses are those of the arguments
+        for t in _tensors(out):
+            self._fresh(t, stream, func)
+            self._access(t, stream, clock, True, None, func)
+
+    def _row_rule(self, func, named):
+        """``(argument name, tensor) -> rows touched (None: all)`` for row-tracked buffers."""
+        if func in _INDEX_DIM0:
+            target, index, _ = _INDEX_DIM0[func]
+            if named.get("dim") == 0:
+                idx = named[index]
+                return lambda name, t: _unique(idx) if name == target else None
+        if func in (aten.index.Tensor, aten.index_put_.default, aten._index_put_impl_.default):
+            idx = named.get("indices") or []
+            first = idx[0] if idx else None
+            if len(idx) == 1 and isinstance(first, torch.Tensor) and first.dtype != torch.bool:
+                return lambda name, t: _unique(first) if name == "self" else None
+        if func.namespace == "fbgemm" and isinstance(named.get("indices"), torch.Tensor):
+            idx = named["indices"]
+            return lambda name, t: _unique(idx) if _key(t) in self._rows else None
+        return lambda name, t: None
+
+    def _fresh(self, t: torch.Tensor, stream: FakeStream, func) -> None:
+        key = _key(t)
+        self._accesses.pop(key, None)
+        self._keep.append(t.untyped_storage())
+        self._allocs.pop(key, None)
+        if self.steps == 0:
+            return  # start-up state (the model's buffers, the cache's tables): lives for the run
+        alloc = _Alloc(stream.index, name=str(func))
+        self._allocs[key] = alloc
+        weakref.finalize(t, self._died, key, alloc)
+
+    def _died(self, key: int, alloc: _Alloc) -> None:
+        if self.closed:
+            return
+        with self._lock:
+            self._check_alloc(key, alloc)
+            if self._allocs.get(key) is alloc:
+                del self._allocs[key]
+
+    def _check_alloc(self, key: int, alloc: _Alloc) -> None:
+        for s, tick in alloc.uses:
+            if s in alloc.recorded:
+                continue
+            if any(h.get(s, 0) >= tick for h in self._host.values()):
+                continue
+            self.unrecorded.append(
+                f"{alloc.name} made on {self._streams[alloc.stream]}, used on {self._streams[s]} "
+                "without record_stream or a host synchronization before it was freed")
+            alloc.uses.clear()
+            return
+        alloc.uses.clear()
+
+    def _access(self, t: torch.Tensor, stream: FakeStream, clock: Clock, write: bool,
+                rows: np.ndarray | None, func) -> None:
+        key = _key(t)
+        if key == 0:
+            return
+        if key in self._rows:
+            offset, row = self._rows[key]
+            if rows is not None and (t.storage_offset() != offset or (t.dim() > 1 and t.stride(0) != row)):
+                rows = None
+        else:
+            rows = None
+        alloc = self._allocs.get(key)
+        if alloc is not None and alloc.stream != stream.index:
+            alloc.uses.append((stream.index, clock[stream.index]))
+        tick = clock[stream.index]
+        history = self._accesses[key]
+        for prev in history:
+            if prev.stream == stream.index or not (write or prev.write):
+                continue
+            if clock.get(prev.stream, 0) >= prev.tick:
+                continue
+            if rows is not None and prev.rows is not None and not np.intersect1d(rows, prev.rows).size:
+                continue
+            self.races.append(
+                f"{prev.op} on {self._streams[prev.stream]} ({'write' if prev.write else 'read'}) and "
+                f"{func} on {stream} ({'write' if write else 'read'}) touch the same memory unordered")
+            break
+        history.append(_Access(stream.index, tick, rows, write, str(func)))
+        if len(history) > 64:
+            del history[:-64]
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, rec: RecordingStreams) -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.rec._dispatch(func, args, kwargs or {})
+
+
+def _key(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _unique(index: torch.Tensor) -> np.ndarray:
+    return np.unique(index.detach().reshape(-1).numpy())
+
+
+def _fbgemm_host_counter() -> bool:
+    """Whether the read comes from fbgemm's TBE module (its host-side counters, e.g. iter_cpu)."""
+    f = sys._getframe(1)
+    for _ in range(16):
+        if f is None:
+            return False
+        if "fbgemm_gpu" in f.f_code.co_filename:
+            return True
+        f = f.f_back
+    return False
+
+
+def _caller() -> str:
+    """The innermost dlrm_cache frame of the read (for messages)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if "dlrm_cache" in f.f_code.co_filename and "streams.py" not in f.f_code.co_filename:
+            return f"{f.f_code.co_filename.rsplit('dlrm_cache/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}"
+        f = f.f_back
+    return "?"
