@@ -10,6 +10,10 @@ A processed dataset is a directory:
     val/part-00000.parquet ...    C1..C26 (int32 or int64 frequency ranks: 0 = hottest row)
     test/...
 
+Every parquet file is written with a CRC32 per page (:data:`PARQUET_WRITE`, by :func:`write_parquet`)
+and read back verified (:func:`read_parquet`, :func:`open_parquet`): a flipped bit is an error
+naming the file, not other values to train on.
+
 Row r of table C_j is the r-th most frequent (hashed) id of feature j in the training split
 (ties broken by the smaller id).  The last row of every table (index ``table_sizes[j] - 1``) is the
 shared row for ids below ``min_count`` or never seen in training.  The GPU cache keys on these
@@ -20,14 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
 NUM_DENSE = 13
@@ -39,6 +48,9 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
 # Empty categorical fields are a value of their own (they are frequent in some features).
 MISSING_ID = -1
+
+# What every parquet file dlrm-cache writes carries: a CRC32 per page, verified on every read.
+PARQUET_WRITE: dict[str, Any] = {"write_page_checksum": True}
 
 # Per-feature distinct values of Criteo Kaggle, as used by DLRM (../shared/criteo/README.md).
 KAGGLE_CARDINALITIES = [
@@ -136,6 +148,54 @@ class Manifest:
                     )
 
 
+def write_parquet(table: "pa.Table", path: str | os.PathLike, **options: Any) -> None:
+    """``pq.write_table`` with :data:`PARQUET_WRITE` (page checksums); ``options``: compression,
+    row groups, ... (the caller writes to a temporary name and renames it)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, **PARQUET_WRITE, **options)
+
+
+class DataError(ValueError):
+    """A dataset file that is damaged or not what the manifest says: the message names it."""
+
+
+def open_parquet(path: str | os.PathLike) -> "pq.ParquetFile":
+    """A parquet file whose pages are checked against their CRC32 as they are read.  Errors, here
+    and in the reads of the returned file, are turned into :class:`DataError` by :func:`read_errors`."""
+    import pyarrow.parquet as pq
+
+    with read_errors(path):
+        return pq.ParquetFile(path, page_checksum_verification=True)
+
+
+def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> "pa.Table":
+    """The whole file (or ``columns``), every page verified; damage is a :class:`DataError`."""
+    with read_errors(path):
+        return open_parquet(path).read(columns=columns)
+
+
+@contextmanager
+def read_errors(path: str | os.PathLike) -> Iterator[None]:
+    """A failed read, checksum or decode of the parquet file ``path`` as one line naming it.
+
+    A missing or unreadable file stays the OSError it is (its message names the file); anything
+    pyarrow reports about the content (a CRC mismatch is an OSError there, a bad footer an
+    ArrowInvalid, a decompressor failure either) becomes a :class:`DataError`.
+    """
+    import pyarrow as pa
+
+    try:
+        yield
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
+        raise type(e)(e.errno, f"{path}: {e.strerror}") from None
+    except DataError:
+        raise
+    except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError
+        raise DataError(f"{path}: damaged or not a parquet file ({one_line(e)[:200]}); "
+                        "preprocess the data again (`dlrm-cache verify` checks a whole dataset)") from None
+
+
 class WriteError(OSError):
     """An output that could not be written (disk full, quota, file size limit): the message names
     it and says what was kept."""
@@ -166,6 +226,23 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_file(path) as f:
         f.write(text)
+
+
+def to_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """JSON any parser reads (Python's ``json`` writes a bare ``NaN`` otherwise): a non-finite
+    float (the AUC of no samples, a rate over no time, a diverged loss) is written as ``null``."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    fallback = None if default is None else (lambda x: plain(default(x)))
+    return json.dumps(plain(obj), indent=indent, default=fallback, allow_nan=False)
 
 
 def _umask() -> int:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .format import LABEL, Manifest
+from .format import LABEL, Manifest, open_parquet, read_errors
 
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
@@ -42,6 +42,9 @@ class Batch:
     sparse: KeyedJaggedTensor  # 26 features, one id per sample (int32 ids unless a table needs int64)
     labels: torch.Tensor  # [b] float32
     analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
+    # the shards (paths in the dataset) the rows of its global batch came from: what an error
+    # about this batch names (the same on every rank, whatever the placement)
+    source: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -93,6 +96,7 @@ class OneIdPerSample:
             self.kjt(ids.to(device, non_blocking=True)),
             batch.labels.to(device, non_blocking=True),
             batch.analysis,
+            batch.source,
         )
 
 
@@ -103,12 +107,13 @@ class _Columns:
     labels: np.ndarray  # [n] float32
     dense: np.ndarray  # [num_dense, n] float32
     ids: np.ndarray  # [num_sparse, n] int32 (int64 if a table has more rows than int32 holds)
+    shard: str = ""  # the shard they came from (its path in the dataset)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def rows(self, lo: int, hi: int) -> "_Columns":
-        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi])
+        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi], self.shard)
 
 
 class ShardStream:
@@ -167,12 +172,13 @@ class ShardStream:
         """Shard ``idx`` in stream order (permuted when shuffling: one gather per column), from
         row ``skip`` on."""
         path = self.root / self.info.shards[idx]
-        shard = pq.ParquetFile(path)
+        shard = open_parquet(path)  # every page checked against its CRC as it is read
         missing = [c for c in (LABEL, *self.dense_names, *self.keys) if c not in shard.schema_arrow.names]
         if missing:
             raise ValueError(f"{path}: missing column '{missing[0]}'; preprocess the data again")
         self._check_ids(shard.metadata, path)
-        table = shard.read()  # one chunk per column: to_numpy() below copies nothing
+        with read_errors(path):
+            table = shard.read()  # one chunk per column: to_numpy() below copies nothing
         n = table.num_rows
         perm = np.random.default_rng([self.seed, epoch, idx]).permutation(n) if self.shuffle else None
 
@@ -187,9 +193,22 @@ class ShardStream:
             return out
 
         ids = gather(self.keys, np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64))
+        self._check_id_values(ids, path)
         dense = gather(self.dense_names, np.dtype(np.float32))
         labels = gather([LABEL], np.dtype(np.float32))[0]
-        return _Columns(labels, dense, ids).rows(skip, n)
+        return _Columns(labels, dense, ids, self.info.shards[idx]).rows(skip, n)
+
+    def _check_id_values(self, ids: np.ndarray, path: Path) -> None:
+        """Every id inside its table, from the values themselves (statistics can lie): checked
+        here, before any placement sees them, so the error names the shard under every one."""
+        if ids.shape[1] == 0:
+            return
+        low, high = ids.min(axis=1), ids.max(axis=1)
+        for j, name in enumerate(self.keys):
+            if low[j] < 0 or high[j] >= self.table_sizes[j]:
+                bad = int(low[j] if low[j] < 0 else high[j])
+                raise ValueError(f"{path}: column {name} holds id {bad}, outside [0, {self.table_sizes[j]}) "
+                                 "(shard and manifest do not match; preprocess again)")
 
     def _check_ids(self, meta: pq.FileMetaData, path: Path) -> None:
         """Every id inside its table, from the shard's column statistics (read with the footer)."""
@@ -241,9 +260,9 @@ class ShardStream:
                 have += len(parts[-1])
                 while have >= self.batch_size:
                     have -= self.batch_size
-                    yield self._local(_take(parts, self.batch_size), self.batch_size)
+                    yield _sourced(self._local, _take(parts, self.batch_size), self.batch_size)
         if have and not self.drop_last:
-            yield self._local(_take(parts, have), have)
+            yield _sourced(self._local, _take(parts, have), have)
 
     def _local(self, pieces: list[_Columns], n: int) -> Batch:
         """This rank's contiguous share of a global batch of ``n`` rows made of ``pieces`` (as even as
@@ -268,6 +287,13 @@ class ShardStream:
             np.copyto(labels.numpy()[at : at + k], p.labels)
             at += k
         return self.layout.batch(dense, ids, labels)
+
+
+def _sourced(local: Callable[[list[_Columns], int], Batch], pieces: list[_Columns], n: int) -> Batch:
+    """``local(pieces, n)`` with the shards of the whole global batch attached."""
+    batch = local(pieces, n)
+    batch.source = tuple(dict.fromkeys(p.shard for p in pieces))
+    return batch
 
 
 def _take(parts: deque[_Columns], n: int) -> list[_Columns]:

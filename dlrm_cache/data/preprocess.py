@@ -44,7 +44,6 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ..config import config_dict
@@ -63,6 +62,7 @@ from .format import (
     recover_dir,
     replace_dir,
     sha256_file,
+    write_parquet,
 )
 from .stats import COUNTS, SUMMARY, FeatureStats, IdCounter, format_summary, rank_feature, summarize, write_counts
 
@@ -392,7 +392,7 @@ def _write_shard(table: pa.Table, path: Path) -> None:
     """Write a shard under a temporary name, then rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp")
     # lz4 without dictionary pages: ~3x faster to write than the defaults, ~30% larger.
-    pq.write_table(table, tmp, row_group_size=table.num_rows, compression="lz4", use_dictionary=False)
+    write_parquet(table, tmp, row_group_size=table.num_rows, compression="lz4", use_dictionary=False)
     os.replace(tmp, path)
 
 

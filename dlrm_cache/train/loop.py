@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from ..config import config_dict
-from ..data.format import Manifest, atomic_write_text
+from ..data.format import Manifest, atomic_write_text, to_json
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM
@@ -416,7 +416,7 @@ def summarize(run: Run, step: int, clock: Throughput, totals: StatsTotals, start
     summary.update({f"embedding_{k}": v for k, v in totals.result().items()})
     run.log.write("summary", **summary)
     if run.info.is_main:
-        atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+        atomic_write_text(run.run_dir / "summary.json", to_json(summary, indent=2, default=str))
         # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
         shown = [(k, v) for k, v in summary.items() if "/" not in k]
         print(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))

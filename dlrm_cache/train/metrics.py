@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..data.format import atomic_write_text
+from ..data.format import atomic_write_text, to_json
 
 
 class EvalMetrics:
@@ -75,7 +75,7 @@ class JsonlLog:
             return
         record = {"kind": kind, "time": round(time.time() - self.t0, 3), **fields}
         with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=_plain) + "\n")
+            f.write(to_json(record, default=_plain) + "\n")
         self.records += 1
 
 

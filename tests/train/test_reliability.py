@@ -259,7 +259,7 @@ def _truncate(name: str, keep_size_record: bool = True):
             meta = json.loads((ckpt / "meta.json").read_text())
             meta.pop("files", None)
             (ckpt / "meta.json").write_text(json.dumps(meta))
-        return f"{name}: " if keep_size_record else f"{name}: not a readable checkpoint file"
+        return f"{name}: " if keep_size_record else "meta.json: not a dlrm-cache checkpoint's meta.json (no 'files')"
     return damage
 
 
