@@ -28,7 +28,10 @@ from ..parallel.dist import DistInfo, agree_on_config, init_distributed, resolve
 from ..parallel.plan import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
+from .claim import claim_run_dir, release as release_run_dirs
+from .guard import LossGuard
 from .pipeline import Pipeline
+from .signals import StopAgreement, exit_preempted, stop_signals
 from .metrics import EvalMetrics, JsonlLog, StatsTotals, format_table
 from .step import dense_optimizer, set_matmul_precision
 
@@ -182,8 +185,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     info: DistInfo = init_distributed(device, cfg.dist_timeout_s)
     try:
-        return _train(cfg, device, info)
+        with stop_signals():
+            return _train(cfg, device, info)
     finally:
+        release_run_dirs()
         shutdown()
 
 
@@ -246,6 +251,7 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
     manifest = Manifest.load(data_path)
     manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
+    claim_run_dir(run_dir, ckpt.path if ckpt else None, cfg.overwrite, info)  # one run per run dir
     torch.manual_seed(cfg.seed)
     embeddings = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
@@ -340,8 +346,9 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
     interval = StatsTotals()  # the cache's counters since the last train record
     # summed on the device: a .item() per step would make the host wait for every step
     loss_sum, loss_n = torch.zeros((), device=run.device), 0
+    guard, stop, start = LossGuard(cfg.loss_spike_factor, cfg.data.path), StopAgreement(info), step
     model.train()
-    while step < run.total_steps:
+    while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
         with Pipeline(run.train_stream.batches(epoch, start), run.train_stream.layout, run.device, embeddings,
                       cfg.data.prefetch_batches, cfg.data.analysis_threads) as pipeline:
@@ -359,7 +366,9 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
                 clock.samples += batch.size * info.world_size
                 loss_sum += loss.detach()
                 loss_n += 1
+                guard.record(step, loss, batch.source)  # no sync: checked below, where the loop reads anyway
                 if step % cfg.log_every == 0 or step == run.total_steps:
+                    guard.check()
                     mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
                     rate = clock.lap()
                     interval.add(embeddings.stats())
@@ -372,6 +381,7 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
                 bar.update(1)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < run.total_steps:
                     with clock.pause():
+                        guard.check()
                         # the cache's counters so far are training's; evaluation's lookups are not
                         interval.add(embeddings.stats())
                         result = run.evaluate(step)
@@ -380,8 +390,9 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
                         bar.write(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < run.total_steps:
                     with clock.pause():
+                        guard.check()
                         run.checkpoint(step)
-                if step >= run.total_steps:
+                if step >= run.total_steps or stop.requested():
                     break
         if loss_n:  # the tail since the last log line still counts towards throughput
             loss_sum.item()  # the steps have finished on the device
@@ -389,6 +400,11 @@ def train_steps(run: Run, step: int) -> tuple[int, Throughput, StatsTotals, floa
             loss_sum.zero_()
             loss_n = 0
     bar.close()
+    guard.check()
+    stop.close()
+    if stop.signum:  # SIGTERM / SIGINT: a checkpoint of this step, then exit 128 + signum
+        saved = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+        exit_preempted(stop.signum, step, start, saved, run.checkpoint, run.run_dir, info.is_main)
     return step, clock, totals, startup_s
 
 

@@ -1,0 +1,126 @@
+"""A run directory belongs to one run: claimed (and locked) before a run writes anything into it.
+
+* **Ownership.**  A directory holding another run's files (``metrics.jsonl``, ``summary.json``,
+  ``checkpoints/``) is refused, naming it, unless the run resumes from a checkpoint of that very
+  directory (``resume=``) or says ``overwrite=true`` (then those files are removed first).  Hydra's
+  own files (``.hydra/``, ``train*.log``) do not make a directory taken: Hydra writes them before
+  any command code runs.
+* **Lock.**  While a job trains, its rank 0 holds an exclusive ``flock`` on ``<run_dir>/.lock``
+  (the kernel drops it when the process dies, however it dies: nothing stale to clean up).  A
+  second job into the directory is refused at once; the ranks of one job share the directory
+  (rank 0 decides for all of them and every rank raises the same error).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..parallel.dist import DistInfo
+from .checkpoint import CKPT_DIR, find_checkpoint
+
+LOCK = ".lock"
+# What makes a directory a run's: the files a run writes (report reads them; a resume continues them).
+RUN_FILES = ("metrics.jsonl", "summary.json", CKPT_DIR)
+
+_held: dict[Path, int] = {}  # run directory -> the descriptor holding its lock (this process)
+
+
+class RunDirTaken(ValueError):
+    """The run directory holds another run, or another process trains in it: the message says
+    which and what to do."""
+
+
+def claim_run_dir(run_dir: Path, resume_from: Path | None, overwrite: bool, info: DistInfo) -> None:
+    """Lock ``run_dir`` for this job and make sure it holds no other run (removing it under
+    ``overwrite``).  ``resume_from``: the checkpoint directory the run resumes from, if any.
+    Collective under torchrun.  Undone by :func:`release`."""
+    error: str | None = None
+    if info.is_main:
+        try:
+            _lock(run_dir)
+            _check_owner(run_dir, resume_from, overwrite)
+        except (RunDirTaken, OSError) as e:
+            release(run_dir)
+            error = str(e) if isinstance(e, RunDirTaken) else f"run dir {run_dir}: {e}"
+    if info.distributed:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise RunDirTaken(error)
+
+
+def release(run_dir: Path | None = None) -> None:
+    """Give up the lock on ``run_dir`` (every lock this process holds when None)."""
+    for d in [Path(run_dir).resolve()] if run_dir is not None else list(_held):
+        fd = _held.pop(d, None)
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
+
+
+def _lock(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = run_dir.resolve()
+    if key in _held:
+        return
+    path = run_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunDirTaken(f"run dir {run_dir} is in use: {holder} trains in it (it holds {path}); "
+                          "wait for it to finish or choose another hydra.run.dir") from None
+    except OSError:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _held[key] = fd
+
+
+def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> None:
+    found = [name for name in RUN_FILES if _present(run_dir / name)]
+    if not found:
+        return
+    ours = resume_from is not None and Path(resume_from).resolve().parent.parent == run_dir.resolve()
+    if ours and overwrite:
+        raise RunDirTaken(f"overwrite=true would delete the checkpoint resume= continues from ({resume_from}); "
+                          "choose one of them")
+    if ours:
+        return
+    if overwrite:
+        for name in found:
+            _remove(run_dir / name)
+        return
+    try:
+        last = f"its last checkpoint is {find_checkpoint(str(run_dir)).name}; resume it with resume={run_dir}, "
+    except FileNotFoundError:
+        last = "it has no complete checkpoint; "
+    raise RunDirTaken(f"run dir {run_dir} holds another run ({', '.join(found)}): {last}"
+                      "replace it with overwrite=true, or choose another hydra.run.dir")
+
+
+def _present(path: Path) -> bool:
+    if path.is_dir():
+        return any(path.iterdir())
+    return path.exists() and (not path.is_file() or path.stat().st_size > 0)
+
+
+def _remove(path: Path) -> None:
+    """A directory is first renamed aside, so a kill midway leaves no half-deleted checkpoints
+    under the name a resume would look for."""
+    if path.is_dir() and not path.is_symlink():
+        aside = path.with_name(f".{path.name}.removing")
+        shutil.rmtree(aside, ignore_errors=True)
+        path.rename(aside)
+        shutil.rmtree(aside)
+    else:
+        path.unlink()
