@@ -315,6 +315,9 @@ def register_configs() -> None:
     from .data.config import register as register_data_commands
 
     register_data_commands(cs)
+    from .verify import register as register_verify
+
+    register_verify(cs)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -176,7 +177,6 @@ class ShardStream:
         missing = [c for c in (LABEL, *self.dense_names, *self.keys) if c not in shard.schema_arrow.names]
         if missing:
             raise ValueError(f"{path}: missing column '{missing[0]}'; preprocess the data again")
-        self._check_ids(shard.metadata, path)
         with read_errors(path):
             table = shard.read()  # one chunk per column: to_numpy() below copies nothing
         n = table.num_rows
@@ -192,38 +192,25 @@ class ShardStream:
                     np.take(col, perm, out=out[j])  # a whole column stays in cache; per batch it would not
             return out
 
+        self._check_id_values(table, path)
         ids = gather(self.keys, np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64))
-        self._check_id_values(ids, path)
         dense = gather(self.dense_names, np.dtype(np.float32))
         labels = gather([LABEL], np.dtype(np.float32))[0]
         return _Columns(labels, dense, ids, self.info.shards[idx]).rows(skip, n)
 
-    def _check_id_values(self, ids: np.ndarray, path: Path) -> None:
-        """Every id inside its table, from the values themselves (statistics can lie): checked
-        here, before any placement sees them, so the error names the shard under every one."""
-        if ids.shape[1] == 0:
+    def _check_id_values(self, table: pa.Table, path: Path) -> None:
+        """Every id inside its table, from the values as stored (statistics can lie; a cast to
+        int32 could wrap): checked here, before any placement sees them, so the error names the
+        shard under every placement."""
+        if table.num_rows == 0:
             return
-        low, high = ids.min(axis=1), ids.max(axis=1)
         for j, name in enumerate(self.keys):
-            if low[j] < 0 or high[j] >= self.table_sizes[j]:
-                bad = int(low[j] if low[j] < 0 else high[j])
-                raise ValueError(f"{path}: column {name} holds id {bad}, outside [0, {self.table_sizes[j]}) "
-                                 "(shard and manifest do not match; preprocess again)")
-
-    def _check_ids(self, meta: pq.FileMetaData, path: Path) -> None:
-        """Every id inside its table, from the shard's column statistics (read with the footer)."""
-        index = {meta.schema.column(i).name: i for i in range(meta.num_columns)}
-        for j, name in enumerate(self.keys):
-            for g in range(meta.num_row_groups):
-                group = meta.row_group(g)
-                st = group.column(index[name]).statistics
-                if group.num_rows and (st is None or not st.has_min_max):
-                    raise ValueError(f"{path}: column {name} has no min/max statistics; preprocess again")
-                if group.num_rows and (st.min < 0 or st.max >= self.table_sizes[j]):
-                    raise ValueError(
-                        f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
-                        "(shard and manifest do not match; preprocess again)"
-                    )
+            low, high = pc.min_max(table.column(name)).values()
+            low, high = low.as_py(), high.as_py()
+            if low is None or low < 0 or high >= self.table_sizes[j]:
+                bad = low if low is None or low < 0 else high
+                raise ValueError(f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
+                                 f"(id {bad}: shard and manifest do not match; preprocess again)")
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """This rank's part of global batches ``start, start+1, ...`` of ``epoch``.
