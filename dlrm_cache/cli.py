@@ -110,7 +110,7 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 # WriteError: a file that could not be written (disk full, quota), named.
 USER_ERRORS = (
     ValueError, IndexError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
-    WriteError,
+    WriteError, OSError,  # OSError: also a link loop (ELOOP), an I/O error (EIO), ... of a path given
 )
 
 
@@ -128,6 +128,9 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 raise
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
+        except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)
+            print(f"dlrm-cache {command}: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
 
     return run
 
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
         app()
     except (HydraException, OmegaConfBaseException) as e:
         print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as e:  # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log
+        print(f"dlrm-cache {command}: error: hydra.run.dir: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
         if full_error is None:

@@ -104,9 +104,45 @@ class Manifest:
             )
         try:
             raw["splits"] = {k: SplitInfo(**v) for k, v in raw["splits"].items()}
-            return cls(**raw)
+            manifest = cls(**raw)
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again") from None
+        problem = manifest.problem()
+        if problem is not None:
+            raise ValueError(f"{path}: not a dataset manifest ({problem}); preprocess the data again")
+        return manifest
+
+    def problem(self) -> str | None:
+        """What is wrong with the fields' types and ranges, or None.  Every shard is a relative
+        path inside the dataset directory (a manifest names only its own files)."""
+        def counts(v: Any, least: int = 0) -> bool:
+            return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= least
+                                               for x in v)
+
+        def names(v: Any) -> bool:
+            return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+        if not counts(self.table_sizes, 1) or not self.table_sizes:
+            return "table_sizes must be a list of integers >= 1"
+        if not names(self.sparse_names) or len(self.sparse_names) != len(self.table_sizes):
+            return "sparse_names must be a name per table of table_sizes"
+        if not names(self.dense_names):
+            return "dense_names must be a list of column names"
+        for key in ("min_count", "hash_modulus"):
+            if not counts([getattr(self, key)]):
+                return f"{key} must be an integer >= 0"
+        if not isinstance(self.stats_digest, str):
+            return "stats_digest must be a string"
+        if not isinstance(self.splits, dict) or "train" not in self.splits:
+            return "splits must hold a train split"
+        for split, info in self.splits.items():
+            if not (names(info.shards) and counts(info.shard_rows) and counts([info.rows])
+                    and len(info.shards) == len(info.shard_rows) and sum(info.shard_rows) == info.rows):
+                return f"splits.{split}: rows, shards and shard_rows do not agree"
+            for rel in info.shards:
+                if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                    return f"splits.{split}: shard {rel!r} is not a path inside the dataset directory"
+        return None
 
     def identity(self) -> dict[str, Any]:
         """What makes two datasets the same training data (where it was built from and where it
@@ -285,6 +321,15 @@ def recover_dir(final: str | os.PathLike) -> None:
         shutil.rmtree(aside)
     else:
         aside.rename(final)
+
+
+def resolve_path(path: str | os.PathLike, key: str) -> Path:
+    """``path`` made absolute with every link followed; a link loop (Python 3.11 raises
+    RuntimeError for one) is a ValueError naming the config ``key``."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as e:
+        raise ValueError(f"{key}={path}: cannot be resolved ({one_line(e)})") from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -61,6 +61,7 @@ from .format import (
     SplitInfo,
     recover_dir,
     replace_dir,
+    resolve_path,
     sha256_file,
     write_parquet,
 )
@@ -618,8 +619,8 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
     """Build (or reuse) the processed dataset described by ``cfg``; returns its manifest."""
     from hydra.utils import to_absolute_path
 
-    inp = Path(to_absolute_path(str(cfg.input))).resolve()
-    out = Path(to_absolute_path(str(cfg.output))).resolve()
+    inp = resolve_path(to_absolute_path(str(cfg.input)), "input")
+    out = resolve_path(to_absolute_path(str(cfg.output)), "output")
     sources = find_sources(inp)
     if any(out == p or out in p.parents for p in [inp, *sources]):
         raise PreprocessError(f"output {out} would contain the input {inp}; choose another output")
