@@ -1,0 +1,197 @@
+"""Nothing lost, nothing silently wrong (issue 19), through the real command line.
+
+A run directory belongs to one run (refused / overwrite / locked while a job trains); damaged
+shards, diverging losses and out-of-range ids stop the run naming the file and step; checkpoint
+metadata is validated; SIGTERM and SIGINT save a checkpoint of the current step and the resume
+continues bit-identically; every user-caused failure is one line.
+
+Commands run as ``dlrm-cache ...`` (``cli.main``) in children forked from a forkserver that has
+imported dlrm_cache once (a fresh interpreter costs seconds of imports), so signals and exit
+codes are those of a real process; the torchrun test starts the real launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from dlrm_cache.data.format import Manifest, read_parquet, write_parquet
+
+from test_train import _params as params
+
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.verify"])
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["device=cpu", "progress=false", "data.batch_size=128", "data.eval_batch_size=1000",
+         "model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]", "log_every=2",
+         "optim.sparse.lr=0.1", "optim.dense.lr=0.05"]
+
+
+def _cli_child(args: list[str], cwd: str, out: str, err: str) -> None:
+    os.chdir(cwd)
+    os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+    os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    os.environ.pop("DLRM_CACHE_TRACEBACK", None)
+    torch.set_num_threads(1)  # children and pytest share two cores
+    from dlrm_cache.cli import main
+
+    main(args)
+
+
+class Cli:
+    """``dlrm-cache args...`` running in a child process."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        tag = time.monotonic_ns()
+        self.out, self.err = cwd / f".stdout-{tag}", cwd / f".stderr-{tag}"
+        self.p = _CTX.Process(target=_cli_child, args=(args, str(cwd), str(self.out), str(self.err)))
+        self.p.start()
+
+    def wait(self, timeout: float = 300) -> tuple[int, str]:
+        """(exit code, stderr without the INFO log lines)."""
+        self.p.join(timeout)
+        assert not self.p.is_alive(), "dlrm-cache did not finish"
+        err = [ln for ln in self.err.read_text().splitlines() if ln.strip() and not ln.startswith("[")]
+        return self.p.exitcode, "\n".join(err)
+
+
+def cli(*args: str, cwd: Path) -> tuple[int, str]:
+    return Cli(list(args), cwd).wait()
+
+
+def one_line(code: int, err: str, command: str, *needles: str) -> str:
+    assert code == 1, (code, err)
+    assert len(err.splitlines()) == 1 and err.startswith(f"dlrm-cache {command}: error: "), err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def train_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["train", f"data.path={data}", f"hydra.run.dir={run_dir}", *SMALL, *extra]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, dataset_writer) -> Path:
+    root = tmp_path_factory.mktemp("integrity") / "ds"
+    dataset_writer(root, {"train": 6000, "val": 1000}, [50, 200, 1000, 30, 500])
+    return root
+
+
+def _records(run_dir: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+# --------------------------------------------------------------------------- 1. one run per run dir
+def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
+    d = tmp_path / "run"
+    assert cli(*train_args(data, d, "max_steps=4"), cwd=tmp_path)[0] == 0
+    before = {p: (d / p).read_bytes() for p in ("summary.json", "metrics.jsonl")}
+    # a new run into it: refused, naming it and both ways out; nothing of the old run touched
+    err = one_line(*cli(*train_args(data, d, "max_steps=6"), cwd=tmp_path), "train",
+                   f"run dir {d} holds another run", "step_00000004", f"resume={d}", "overwrite=true")
+    assert {p: (d / p).read_bytes() for p in before} == before, err
+    # resuming it continues it; overwrite and a resume of it together are refused
+    one_line(*cli(*train_args(data, d, "max_steps=6", f"resume={d}", "overwrite=true"), cwd=tmp_path),
+             "train", "overwrite=true would delete the checkpoint")
+    assert cli(*train_args(data, d, "max_steps=6", f"resume={d}"), cwd=tmp_path)[0] == 0
+    assert json.loads((d / "summary.json").read_text())["steps"] == 6
+    # overwrite=true replaces it: one run in metrics.jsonl, only its checkpoints
+    assert cli(*train_args(data, d, "max_steps=2", "overwrite=true"), cwd=tmp_path)[0] == 0
+    assert len(_records(d, "start")) == 1 and [r["steps"] for r in _records(d, "summary")] == [2]
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000002"]
+
+
+# --------------------------------------------------------------------------- 5. preemption (+ the lock)
+def _wait_for_steps(d: Path, alive, timeout: float = 200) -> None:
+    """Until ``d``'s metrics.jsonl records a training step (``alive()``: the job still runs)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if (d / "metrics.jsonl").is_file() and '"kind": "train"' in (d / "metrics.jsonl").read_text():
+            return
+        assert alive(), "the job ended before it was signalled"
+        time.sleep(0.005)
+    raise AssertionError("no training step recorded")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_the_current_step_and_resume_is_bit_identical(data: Path, tmp_path: Path, sig):
+    """Signalled while it trains: a second job into the run dir is refused (the lock), the run
+    saves a checkpoint of the step it was in, says how to resume in one line, exits 128+signal;
+    the resume ends where an uninterrupted run ends, bit for bit.  (The stopped run is long: it
+    may stop anywhere; how far a run goes does not change its steps, so the comparison runs to
+    4 steps past the one saved.)"""
+    d = tmp_path / "run"
+    job = Cli(train_args(data, d, "epochs=1000", "checkpoint_every=20"), tmp_path)
+    _wait_for_steps(d, job.p.is_alive)
+    if sig == signal.SIGTERM:  # another job while this one trains
+        one_line(*cli(*train_args(data, d, "overwrite=true"), cwd=tmp_path), "train",
+                 f"run dir {d} is in use: pid {job.p.pid}")
+    os.kill(job.p.pid, sig)
+    code, err = job.wait()
+    assert code == 128 + sig, err
+    lines = [ln for ln in err.splitlines() if "stopped by" in ln]
+    assert len(lines) == 1 and f"resume={d}" in lines[0], err
+    saved = max((d / "checkpoints").iterdir())
+    step = int(saved.name[5:])
+    assert f"checkpoint of step {step} in {saved}" in lines[0] and not (d / "summary.json").exists()
+    end = [f"max_steps={step + 4}", "epochs=1000", "checkpoint_every=20"]
+    assert cli(*train_args(data, d, *end, f"resume={d}"), cwd=tmp_path)[0] == 0
+    straight = tmp_path / "straight"
+    assert cli(*train_args(data, straight, *end), cwd=tmp_path)[0] == 0
+    last = f"step_{step + 4:08d}"
+    want, got = params(straight / "checkpoints" / last), params(d / "checkpoints" / last)
+    assert want.keys() == got.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
+    a, b = (json.loads((r / "summary.json").read_text()) for r in (straight, d))
+    assert (a["val_auc"], a["val_logloss"]) == (b["val_auc"], b["val_logloss"])
+
+
+def test_torchrun_sigterm_checkpoints_every_rank_and_resumes_bit_identically(data: Path, tmp_path: Path):
+    """While a torchrun job trains, another job into its run dir is refused.  torchrun forwards
+    SIGTERM to its workers: both ranks agree on a step, save it together, the job exits non-zero;
+    resumed under torchrun it ends as an uninterrupted torchrun run (run beside the resume)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("DLRM_CACHE_TRACEBACK", None)
+
+    def torchrun(run_dir: Path, *extra: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "dlrm_cache", *train_args(data, run_dir, "epochs=1000", "log_every=10", *extra)]
+        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    d = tmp_path / "run"
+    job = torchrun(d)
+    _wait_for_steps(d, lambda: job.poll() is None)
+    one_line(*cli(*train_args(data, d, "overwrite=true"), cwd=tmp_path), "train", f"run dir {d} is in use")
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode != 0
+    assert err.count("dlrm-cache train: stopped by SIGTERM: checkpoint of step") == 1, err[-3000:]
+    (saved,) = list((d / "checkpoints").iterdir())
+    assert {f for f in json.loads((saved / "meta.json").read_text())["files"]} == {
+        "dense.pt", "tables-rank0.pt", "tables-rank1.pt"}
+    end = f"max_steps={int(saved.name[5:]) + 4}"
+    straight = tmp_path / "straight"
+    jobs = [torchrun(d, end, f"resume={d}"), torchrun(straight, end)]  # side by side
+    for j in jobs:
+        _, err = j.communicate(timeout=300)
+        assert j.returncode == 0, err[-3000:]
+    last = f"step_{int(saved.name[5:]) + 4:08d}"
+    want, got = params(straight / "checkpoints" / last), params(d / "checkpoints" / last)
+    assert want.keys() == got.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
