@@ -195,3 +195,177 @@ def test_torchrun_sigterm_checkpoints_every_rank_and_resumes_bit_identically(dat
     assert want.keys() == got.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
+
+
+# --------------------------------------------------------------------------- 2. damage is found
+def _flip_in_column(shard: Path, column: str) -> None:
+    """One bit in the middle of ``column``'s data in ``shard`` (as a disk or a copy may flip it)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(shard)
+    chunk = meta.row_group(0).column(meta.schema.names.index(column))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(shard.read_bytes())
+    data[start + chunk.total_compressed_size // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_is_found_by_verify_and_stops_train(data: Path, tmp_path: Path):
+    """A bit flipped in a label, a dense and a sparse column chunk of three shards: `verify` names
+    all three, `train` stops at the first it reads, one line naming it (before: 4 of 5 such flips
+    trained to the end, with values no one wrote)."""
+    ds = tmp_path / "ds"
+    shutil.copytree(data, ds)
+    assert cli("verify", str(ds), cwd=tmp_path)[0] == 0
+    damaged = {"train/part-00001.parquet": "label", "train/part-00004.parquet": "I5",
+               "val/part-00000.parquet": "C3"}
+    for rel, column in damaged.items():
+        _flip_in_column(ds / rel, column)
+    code, err = cli("verify", str(ds), cwd=tmp_path)
+    assert code == 1, err
+    named = [ln for ln in err.splitlines() if "CRC checksum verification failed" in ln]
+    assert sorted(ln.split(": ")[1] for ln in named) == sorted(str(ds / r) for r in damaged), err
+    assert err.splitlines()[-1] == f"dlrm-cache verify: error: {ds}: 3 of 12 files damaged or not as manifest.json says (listed above)"
+    d = tmp_path / "run"
+    one_line(*cli(*train_args(ds, d, "data.shuffle=false"), cwd=tmp_path), "train",
+             f"{ds / 'train/part-00001.parquet'}: damaged", "CRC checksum verification failed")
+
+
+def _scaled(data: Path, out: Path, rel: str, factor: float) -> Path:
+    """``data`` with the dense values of shard ``rel`` times ``factor`` (a valid, checksummed file)."""
+    shutil.copytree(data, out)
+    t = read_parquet(out / rel)
+    for name in Manifest.load(out).dense_names:
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array(t.column(name).to_numpy() * factor))
+    write_parquet(t, out / rel)
+    return out
+
+
+def test_a_loss_far_outside_the_runs_range_stops_it_before_a_checkpoint(data: Path, tmp_path: Path):
+    """Shard 3's dense features 10^4 times too large: global batch 17 (rows 2048..2175) is the
+    first with its rows; its loss is more than 10x the largest before it.  The run stops naming
+    step 17 and both shards of the batch; the checkpoints before it stay, none after."""
+    ds = _scaled(data, tmp_path / "ds", "train/part-00003.parquet", 1e4)
+    d = tmp_path / "run"
+    err = one_line(*cli(*train_args(ds, d, "data.shuffle=false", "log_every=5", "checkpoint_every=4"),
+                        cwd=tmp_path), "train", "step 17: training loss", "is more than 10x the largest of the previous 16 steps",
+                   f"{ds / 'train/part-00002.parquet'}, {ds / 'train/part-00003.parquet'}")
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == [f"step_{s:08d}" for s in (4, 8, 12, 16)], err
+    assert not (d / "summary.json").exists()
+    # a learning rate that makes the loss NaN: the same, at the step it happened
+    one_line(*cli(*train_args(data, tmp_path / "nan", "optim.dense.lr=1e30", "optim.sparse.lr=1e30"),
+                  cwd=tmp_path), "train", "step 2: training loss nan is not finite")
+
+
+@pytest.mark.parametrize("embedding", ["host", "freq_cache"])
+def test_an_id_outside_its_table_names_the_shard_under_every_placement(processed_synth: Path, tmp_path: Path,
+                                                                        embedding: str):
+    ds = tmp_path / "ds"
+    shutil.copytree(processed_synth, ds)
+    m = Manifest.load(ds)
+    rel = m.splits["train"].shards[-1]
+    t = read_parquet(ds / rel)
+    col = t.column("C2").to_numpy().copy()
+    col[len(col) // 2] = m.table_sizes[1]
+    write_parquet(t.set_column(t.schema.get_field_index("C2"), "C2", pa.array(col)), ds / rel)
+    one_line(*cli(*train_args(ds, tmp_path / "run", f"embedding={embedding}", "data.batch_size=512"), cwd=tmp_path),
+             "train", f"{ds / rel}: column C2 holds ids outside [0, {m.table_sizes[1]})")
+
+
+# --------------------------------------------------------------------------- 3. settings and JSON
+def test_non_finite_settings_are_refused_at_composition(tmp_path: Path):
+    from dlrm_cache.ranges import validate
+
+    from test_train import compose_train
+
+    one_line(*cli("train", "data.path=nowhere", "optim.dense.lr=inf", cwd=tmp_path), "train",
+             "optim.dense.lr=inf: must be a finite number")
+    keys = ("optim.sparse.lr", "optim.sparse.eps", "optim.dense.weight_decay", "dist_timeout_s",
+            "host_memory_gb", "embedding.cache_ratio", "loss_spike_factor")
+    for key, value in zip(keys, ["nan", "-inf", "inf"] * 3):
+        cfg = compose_train(["data.path=x", "embedding=freq_cache", f"{key}={value}"])
+        with pytest.raises(ValueError, match=f"^{key}={value}: must be a finite number"):
+            validate(cfg)
+
+
+def _strict(text: str):
+    def refuse(c: str):
+        raise ValueError(f"not JSON: {c}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_metrics_and_summary_are_strict_json(tmp_path: Path):
+    import math
+
+    from dlrm_cache.train.metrics import JsonlLog
+
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    log.write("eval", auc=math.nan, loss=torch.tensor(math.inf), rates=[1.0, -math.inf])
+    assert _strict((tmp_path / "metrics.jsonl").read_text())["auc"] is None
+    assert {k: v for k, v in _strict((tmp_path / "metrics.jsonl").read_text()).items() if k != "time"} == {
+        "kind": "eval", "auc": None, "loss": None, "rates": [1.0, None]}
+
+
+# --------------------------------------------------------------------------- 4. checkpoint metadata
+@pytest.fixture(scope="module")
+def finished(data: Path, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("finished") / "run"
+    assert cli(*train_args(data, d, "max_steps=4"), cwd=d.parent)[0] == 0
+    return d
+
+
+def _meta_edit(change):
+    def damage(run: Path, other: Path) -> None:
+        path = run / "checkpoints" / "step_00000004" / "meta.json"
+        meta = json.loads(path.read_text())
+        change(meta, other)
+        path.write_text(json.dumps(meta))
+    return damage
+
+
+def _outside(meta: dict, other: Path) -> None:
+    """The tables of another run (same shapes, recorded size): a resume would load them."""
+    name = "../../../other/checkpoints/step_00000004/tables-rank0.pt"
+    meta["tables"] = {k: name for k in meta["tables"]}
+    meta["files"][name] = (other / "checkpoints" / "step_00000004" / "tables-rank0.pt").stat().st_size
+
+
+def _linked_out(run: Path, other: Path) -> None:
+    ckpt = run / "checkpoints" / "step_00000004"
+    (ckpt / "tables-rank0.pt").unlink()
+    (ckpt / "tables-rank0.pt").symlink_to(other / "checkpoints" / "step_00000004" / "tables-rank0.pt")
+
+
+META_DAMAGE = {
+    "step a string": (_meta_edit(lambda m, o: m.update(step="4")), "'step' must be an integer >= 0"),
+    "no config": (_meta_edit(lambda m, o: m.pop("config")), "no 'config'"),
+    "config without the resume keys": (_meta_edit(lambda m, o: m.update(config={"seed": 0})), "records no model.embedding_dim"),
+    "world_size 0": (_meta_edit(lambda m, o: m.update(world_size=0)), "'world_size' must be an integer >= 1"),
+    "a size not a number": (_meta_edit(lambda m, o: m["files"].update({"dense.pt": "12"})), "'files' must be"),
+    "tables of another run": (_meta_edit(_outside), "is not a file of this checkpoint directory"),
+    "a link out of the checkpoint": (_linked_out, "'tables-rank0.pt' is not a file of this checkpoint directory"),
+    "a list": (lambda r, o: (r / "checkpoints/step_00000004/meta.json").write_text("[]"), "a JSON list, not an object"),
+}
+
+
+@pytest.mark.parametrize("case", list(META_DAMAGE))
+def test_checkpoint_metadata_is_validated_before_anything_is_loaded(finished: Path, tmp_path: Path, case: str):
+    from dlrm_cache.train.loop import train
+
+    from test_train import compose_train
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    shutil.copytree(finished, run)
+    shutil.copytree(finished, other)
+    damage, says = META_DAMAGE[case]
+    damage(run, other)
+    cfg = compose_train([f"data.path={_data_of(finished)}",
+                         *SMALL, f"run_dir={tmp_path / 'new'}", f"resume={run}", "max_steps=6"])
+    with pytest.raises(ValueError) as e:
+        train(cfg)
+    assert "\n" not in str(e.value) and says in str(e.value), str(e.value)
+    assert not (tmp_path / "new").exists() or list((tmp_path / "new").iterdir()) == []
+
+
+def _data_of(run: Path) -> str:
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["config"]["data"]["path"]
