@@ -369,3 +369,80 @@ def test_checkpoint_metadata_is_validated_before_anything_is_loaded(finished: Pa
 
 def _data_of(run: Path) -> str:
     return json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["config"]["data"]["path"]
+
+
+# --------------------------------------------------------------------------- 6. one line, never a traceback
+def _manifest_edit(change):
+    def make(tmp: Path, data: Path) -> Path:
+        ds = tmp / "ds"
+        shutil.copytree(data, ds)
+        m = json.loads((ds / "manifest.json").read_text())
+        change(m)
+        (ds / "manifest.json").write_text(json.dumps(m))
+        return ds
+    return make
+
+
+def _loop(tmp: Path) -> Path:
+    (tmp / "loop_a").symlink_to(tmp / "loop_b")
+    (tmp / "loop_b").symlink_to(tmp / "loop_a")
+    return tmp / "loop_a"
+
+
+def _file(tmp: Path) -> Path:
+    (tmp / "a_file").write_text("not a directory\n")
+    return tmp / "a_file"
+
+
+def _manifest_dir(tmp: Path, data: Path) -> Path:
+    (tmp / "ds" / "manifest.json").mkdir(parents=True)
+    return tmp / "ds"
+
+
+def _shard_dir(tmp: Path, data: Path) -> Path:
+    shutil.copytree(data, tmp / "ds")
+    (tmp / "ds" / "val" / "part-00000.parquet").unlink()
+    (tmp / "ds" / "val" / "part-00000.parquet").mkdir()
+    return tmp / "ds"
+
+
+def _lock_dir(tmp: Path) -> Path:
+    (tmp / "run" / ".lock").mkdir(parents=True)
+    return tmp / "run"
+
+
+# (case, command line from (tmp, data), what the one line says)
+CORPUS = [
+    ("run dir is a file", lambda t, d: train_args(d, _file(t)), "hydra.run.dir: [Errno 17] File exists"),
+    ("run dir under a file", lambda t, d: train_args(d, _file(t) / "run"), "hydra.run.dir: [Errno 20] Not a directory"),
+    ("run dir lock is a directory", lambda t, d: train_args(d, _lock_dir(t)), "Is a directory"),
+    ("data.path a link loop", lambda t, d: train_args(_loop(t), t / "run"), "manifest.json: no manifest"),
+    ("manifest a directory", lambda t, d: train_args(_manifest_dir(t, d), t / "run"), "[Errno 21] Is a directory"),
+    ("manifest table size a string", lambda t, d: train_args(_manifest_edit(
+        lambda m: m.update(table_sizes=["a", 200, 1000, 30, 500]))(t, d), t / "run"),
+     "table_sizes must be a list of integers >= 1"),
+    ("manifest rows a string", lambda t, d: train_args(_manifest_edit(
+        lambda m: m["splits"]["val"].update(rows="1000"))(t, d), t / "run"),
+     "splits.val: rows, shards and shard_rows do not agree"),
+    ("manifest shard outside", lambda t, d: train_args(_manifest_edit(
+        lambda m: m["splits"]["val"]["shards"].__setitem__(0, "../../elsewhere.parquet"))(t, d), t / "run"),
+     "shard '../../elsewhere.parquet' is not a path inside the dataset directory"),
+    ("shard a directory", lambda t, d: train_args(_shard_dir(t, d), t / "run"), "val/part-00000.parquet: unreadable shard"),
+    ("resume a file", lambda t, d: train_args(d, t / "run", f"resume={_file(t)}"), "no checkpoint there"),
+    ("resume a link loop", lambda t, d: train_args(d, t / "run", f"resume={_loop(t)}"), "no checkpoint there"),
+    ("verify without a dataset", lambda t, d: ["verify"], "no dataset: dlrm-cache verify DATASET_DIR"),
+    ("verify a link loop", lambda t, d: ["verify", str(_loop(t))], "manifest.json: no manifest"),
+    ("preprocess input a link loop", lambda t, d: ["preprocess", f"input={_loop(t)}", f"output={t / 'out'}"],
+     "input=" + "{tmp}/loop_a: cannot be resolved"),
+    ("preprocess output a link loop", lambda t, d: ["preprocess", f"input={d}", f"output={_loop(t)}"],
+     "output=" + "{tmp}/loop_a: cannot be resolved"),
+    ("plan data_path a file", lambda t, d: ["plan", f"data_path={_file(t)}"], "manifest.json: no manifest"),
+    ("report a file", lambda t, d: ["report", str(_file(t))], "not a run directory"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CORPUS])
+def test_every_user_caused_failure_is_one_line(data: Path, tmp_path: Path, case: str):
+    _, make, says = next(c for c in CORPUS if c[0] == case)
+    args = make(tmp_path, data)
+    one_line(*cli(*args, cwd=tmp_path), args[0], says.format(tmp=tmp_path))
