@@ -289,9 +289,12 @@ def _is_rank0() -> bool:
 def register_configs() -> None:
     if not OmegaConf.has_resolver("dlrm_run_id"):
         OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
-        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory.
+        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory, and not over
+        # the snapshot of a run already there (train.claim.hydra_subdir)
+        from .train.claim import hydra_subdir
+
         OmegaConf.register_new_resolver(
-            "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
+            "dlrm_hydra_subdir", lambda: hydra_subdir() if _is_rank0() else None, use_cache=False
         )
         # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
         OmegaConf.register_new_resolver(

@@ -5,6 +5,10 @@
   directory (``resume=``) or says ``overwrite=true`` (then those files are removed first).  Hydra's
   own files (``.hydra/``, ``train*.log``) do not make a directory taken: Hydra writes them before
   any command code runs.
+* **Hydra's snapshot.**  Hydra writes ``.hydra/`` before any command code runs, so
+  :func:`hydra_subdir` (train.yaml's ``output_subdir``) tells it to write none into a directory
+  that holds a run: a refused run leaves the snapshot as it was, a resumed run keeps its original
+  one, and ``overwrite=true`` writes the new run's own after removing the old run's files.
 * **Lock.**  While a job trains, its rank 0 holds an exclusive ``flock`` on ``<run_dir>/.lock``
   (the kernel drops it when the process dies, however it dies: nothing stale to clean up).  A
   second job into the directory is refused at once; the ranks of one job share the directory
@@ -19,14 +23,22 @@ import shutil
 import socket
 from pathlib import Path
 
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
-from ..parallel.dist import DistInfo
-from .checkpoint import CKPT_DIR, find_checkpoint
+from omegaconf import DictConfig, OmegaConf
 
+from ..data.format import atomic_write_text
+
+if TYPE_CHECKING:
+    from ..parallel.dist import DistInfo
+
+# (torch is imported where it is used: Hydra calls hydra_subdir() for every command, which must
+# not pay for importing torch)
 LOCK = ".lock"
-# What makes a directory a run's: the files a run writes (report reads them; a resume continues them).
-RUN_FILES = ("metrics.jsonl", "summary.json", CKPT_DIR)
+SNAPSHOT = ".hydra"  # Hydra's snapshot of a job's config (hydra.output_subdir)
+# What makes a directory a run's: the files a run writes (report reads them; a resume continues
+# them); "checkpoints" is checkpoint.CKPT_DIR (a test holds them equal).
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
 
 _held: dict[Path, int] = {}  # run directory -> the descriptor holding its lock (this process)
 
@@ -36,19 +48,24 @@ class RunDirTaken(ValueError):
     which and what to do."""
 
 
-def claim_run_dir(run_dir: Path, resume_from: Path | None, overwrite: bool, info: DistInfo) -> None:
+def claim_run_dir(run_dir: Path, resume_from: Path | None, overwrite: bool, info: "DistInfo",
+                  config: DictConfig | None = None) -> None:
     """Lock ``run_dir`` for this job and make sure it holds no other run (removing it under
-    ``overwrite``).  ``resume_from``: the checkpoint directory the run resumes from, if any.
-    Collective under torchrun.  Undone by :func:`release`."""
+    ``overwrite``, then writing Hydra's snapshot of ``config`` if Hydra runs this job).
+    ``resume_from``: the checkpoint directory the run resumes from, if any.  Collective under
+    torchrun.  Undone by :func:`release`."""
     error: str | None = None
     if info.is_main:
         try:
             _lock(run_dir)
-            _check_owner(run_dir, resume_from, overwrite)
+            if _check_owner(run_dir, resume_from, overwrite) and config is not None:
+                _snapshot(run_dir, config)
         except (RunDirTaken, OSError) as e:
             release(run_dir)
             error = str(e) if isinstance(e, RunDirTaken) else f"run dir {run_dir}: {e}"
     if info.distributed:
+        import torch.distributed as dist
+
         box = [error]
         dist.broadcast_object_list(box, src=0)
         error = box[0]
@@ -86,20 +103,54 @@ def _lock(run_dir: Path) -> None:
     _held[key] = fd
 
 
-def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> None:
+def hydra_subdir() -> str | None:
+    """Where Hydra writes its snapshot of this job: ``.hydra``, or None (none) when the job's
+    output directory already holds a run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not a Hydra job, or the config resolved before Hydra set the directory
+        return SNAPSHOT
+    return None if _holds_run(out) else SNAPSHOT
+
+
+def _snapshot(run_dir: Path, config: DictConfig) -> None:
+    """Hydra's three snapshot files, as Hydra writes them into a fresh run directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.instance().cfg
+    out = run_dir / SNAPSHOT
+    out.mkdir(exist_ok=True)
+    for name, node in (("config.yaml", config), ("hydra.yaml", hydra_cfg),
+                       ("overrides.yaml", HydraConfig.get().overrides.task)):
+        atomic_write_text(out / name, OmegaConf.to_yaml(node))
+
+
+def _holds_run(run_dir: Path) -> bool:
+    return any(_present(run_dir / name) for name in RUN_FILES)
+
+
+def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bool:
+    """Raise :class:`RunDirTaken` if ``run_dir`` holds another run; True if it held one that
+    ``overwrite`` removed."""
     found = [name for name in RUN_FILES if _present(run_dir / name)]
     if not found:
-        return
+        return False
     ours = resume_from is not None and Path(resume_from).resolve().parent.parent == run_dir.resolve()
     if ours and overwrite:
         raise RunDirTaken(f"overwrite=true would delete the checkpoint resume= continues from ({resume_from}); "
                           "choose one of them")
     if ours:
-        return
+        return False
     if overwrite:
         for name in found:
             _remove(run_dir / name)
-        return
+        return True
+    from .checkpoint import find_checkpoint
+
     try:
         last = f"its last checkpoint is {find_checkpoint(str(run_dir)).name}; resume it with resume={run_dir}, "
     except FileNotFoundError:

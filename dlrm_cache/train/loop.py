@@ -251,7 +251,7 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
     manifest = Manifest.load(data_path)
     manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
-    claim_run_dir(run_dir, ckpt.path if ckpt else None, cfg.overwrite, info)  # one run per run dir
+    claim_run_dir(run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg)  # one run per run dir
     torch.manual_seed(cfg.seed)
     embeddings = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(

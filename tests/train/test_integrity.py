@@ -98,7 +98,7 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
 def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
     d = tmp_path / "run"
     assert cli(*train_args(data, d, "max_steps=4"), cwd=tmp_path)[0] == 0
-    before = {p: (d / p).read_bytes() for p in ("summary.json", "metrics.jsonl")}
+    before = {p: (d / p).read_bytes() for p in ("summary.json", "metrics.jsonl", ".hydra/config.yaml")}
     # a new run into it: refused, naming it and both ways out; nothing of the old run touched
     err = one_line(*cli(*train_args(data, d, "max_steps=6"), cwd=tmp_path), "train",
                    f"run dir {d} holds another run", "step_00000004", f"resume={d}", "overwrite=true")
@@ -112,6 +112,15 @@ def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
     assert cli(*train_args(data, d, "max_steps=2", "overwrite=true"), cwd=tmp_path)[0] == 0
     assert len(_records(d, "start")) == 1 and [r["steps"] for r in _records(d, "summary")] == [2]
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000002"]
+    assert "max_steps: 2" in (d / ".hydra" / "config.yaml").read_text()  # the new run's snapshot
+    assert _strict((d / "summary.json").read_text())["steps"] == 2
+
+
+def test_what_makes_a_run_dir_taken_includes_the_checkpoints():
+    from dlrm_cache.train.checkpoint import CKPT_DIR
+    from dlrm_cache.train.claim import RUN_FILES
+
+    assert CKPT_DIR in RUN_FILES
 
 
 # --------------------------------------------------------------------------- 5. preemption (+ the lock)
