@@ -10,7 +10,8 @@
   that holds a run: a refused run leaves the snapshot as it was, a resumed run keeps its original
   one, and ``overwrite=true`` writes the new run's own after removing the old run's files.
 * **Lock.**  While a job trains, its rank 0 holds an exclusive ``flock`` on ``<run_dir>/.lock``
-  (the kernel drops it when the process dies, however it dies: nothing stale to clean up).  A
+  (removed when the run ends; the kernel drops the lock when the process dies, however it dies,
+  so a file left by a killed run locks nothing).  A
   second job into the directory is refused at once; the ranks of one job share the directory
   (rank 0 decides for all of them and every rank raises the same error).
 """
@@ -74,33 +75,44 @@ def claim_run_dir(run_dir: Path, resume_from: Path | None, overwrite: bool, info
 
 
 def release(run_dir: Path | None = None) -> None:
-    """Give up the lock on ``run_dir`` (every lock this process holds when None)."""
+    """Give up the lock on ``run_dir`` (every lock this process holds when None); the lock
+    file goes, removed while still locked (see :func:`_lock`)."""
     for d in [Path(run_dir).resolve()] if run_dir is not None else list(_held):
         fd = _held.pop(d, None)
         if fd is not None:
+            (d / LOCK).unlink(missing_ok=True)
             os.close(fd)  # closing the descriptor drops the flock
 
 
 def _lock(run_dir: Path) -> None:
+    """flock ``run_dir/.lock``.  A holder removes the file before it unlocks, so a lock taken
+    on a file that is no longer at that path (removed meanwhile) is taken again on the new one."""
     run_dir.mkdir(parents=True, exist_ok=True)
     key = run_dir.resolve()
-    if key in _held:
-        return
     path = run_dir / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise RunDirTaken(f"run dir {run_dir} is in use: {holder} trains in it (it holds {path}); "
-                          "wait for it to finish or choose another hydra.run.dir") from None
-    except OSError:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    _held[key] = fd
+    while key not in _held:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirTaken(f"run dir {run_dir} is in use: {holder} trains in it (it holds {path}); "
+                              "wait for it to finish or choose another hydra.run.dir") from None
+        except OSError:
+            os.close(fd)
+            raise
+        mine = os.fstat(fd)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+            os.close(fd)  # removed by the holder we waited for: lock the file there now
+            continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        _held[key] = fd
 
 
 def hydra_subdir() -> str | None:
