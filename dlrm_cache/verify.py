@@ -1,4 +1,4 @@
-"""`dlrm-cache verify DATASET`: read every file of a processed dataset and check it against its manifest.
+"""`dlrm-cache verify DATASET`: read every file of a dataset and check it against its manifest.
 
 Per shard: every page against its CRC32 (written by every dlrm-cache writer, see data/format.py),
 the row count and columns the manifest records, labels 0 or 1, dense values finite, every id
@@ -39,7 +39,11 @@ def check_shard(root: Path, rel: str, rows: int, manifest: Manifest) -> int:
     path = root / rel
     table = read_parquet(path)  # every page verified
     manifest_path = root / MANIFEST
-    missing = [c for c in (LABEL, *manifest.dense_names, *manifest.sparse_names) if c not in table.column_names]
+    missing = [
+        c
+        for c in (LABEL, *manifest.dense_names, *manifest.sparse_names)
+        if c not in table.column_names
+    ]
     if missing:
         raise ValueError(f"{path}: no column {missing[0]} ({manifest_path} lists it)")
     if table.num_rows != rows:
@@ -54,7 +58,9 @@ def check_shard(root: Path, rel: str, rows: int, manifest: Manifest) -> int:
         ids = table.column(name).to_numpy()
         if len(ids) and (ids.min() < 0 or ids.max() >= size):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise ValueError(f"{path}: column {name} holds id {bad}, outside [0, {size}) ({manifest_path})")
+            raise ValueError(
+                f"{path}: column {name} holds id {bad}, outside [0, {size}) ({manifest_path})"
+            )
     return rows
 
 
@@ -75,8 +81,10 @@ def verify(cfg: VerifyConfig) -> None:
     root = Path(cfg.data_path)
     manifest = Manifest.load(root, key="data_path")
     bad, files, total = 0, 0, 0
-    checks = [(f"{split} shards", [(rel, rows) for rel, rows in zip(info.shards, info.shard_rows)])
-              for split, info in manifest.splits.items()]
+    checks = [
+        (f"{split} shards", [(rel, rows) for rel, rows in zip(info.shards, info.shard_rows)])
+        for split, info in manifest.splits.items()
+    ]
     for what, shards in checks:
         done = 0
         for rel, rows in shards:
@@ -96,5 +104,7 @@ def verify(cfg: VerifyConfig) -> None:
         bad += 1
         print(f"dlrm-cache verify: {one_line(e)}", file=sys.stderr)
     if bad:
-        raise VerifyFailed(f"{root}: {bad} of {files} files damaged or not as {MANIFEST} says (listed above)")
+        raise VerifyFailed(
+            f"{root}: {bad} of {files} files damaged or not as {MANIFEST} says (listed above)"
+        )
     print(f"{root}: ok: {files} files, {total:,} rows, every page checksum and the manifest agree")

@@ -23,7 +23,6 @@ import os
 import shutil
 import socket
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
@@ -49,8 +48,13 @@ class RunDirTaken(ValueError):
     which and what to do."""
 
 
-def claim_run_dir(run_dir: Path, resume_from: Path | None, overwrite: bool, info: "DistInfo",
-                  config: DictConfig | None = None) -> None:
+def claim_run_dir(
+    run_dir: Path,
+    resume_from: Path | None,
+    overwrite: bool,
+    info: "DistInfo",
+    config: DictConfig | None = None,
+) -> None:
     """Lock ``run_dir`` for this job and make sure it holds no other run (removing it under
     ``overwrite``, then writing Hydra's snapshot of ``config`` if Hydra runs this job).
     ``resume_from``: the checkpoint directory the run resumes from, if any.  Collective under
@@ -97,8 +101,10 @@ def _lock(run_dir: Path) -> None:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise RunDirTaken(f"run dir {run_dir} is in use: {holder} trains in it (it holds {path}); "
-                              "wait for it to finish or choose another hydra.run.dir") from None
+            raise RunDirTaken(
+                f"run dir {run_dir} is in use: {holder} trains in it (it holds {path}); "
+                "wait for it to finish or choose another hydra.run.dir"
+            ) from None
         except OSError:
             os.close(fd)
             raise
@@ -136,8 +142,11 @@ def _snapshot(run_dir: Path, config: DictConfig) -> None:
     hydra_cfg = HydraConfig.instance().cfg
     out = run_dir / SNAPSHOT
     out.mkdir(exist_ok=True)
-    for name, node in (("config.yaml", config), ("hydra.yaml", hydra_cfg),
-                       ("overrides.yaml", HydraConfig.get().overrides.task)):
+    for name, node in (
+        ("config.yaml", config),
+        ("hydra.yaml", hydra_cfg),
+        ("overrides.yaml", HydraConfig.get().overrides.task),
+    ):
         atomic_write_text(out / name, OmegaConf.to_yaml(node))
 
 
@@ -151,10 +160,14 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
     found = [name for name in RUN_FILES if _present(run_dir / name)]
     if not found:
         return False
-    ours = resume_from is not None and Path(resume_from).resolve().parent.parent == run_dir.resolve()
+    ours = (
+        resume_from is not None and Path(resume_from).resolve().parent.parent == run_dir.resolve()
+    )
     if ours and overwrite:
-        raise RunDirTaken(f"overwrite=true would delete the checkpoint resume= continues from ({resume_from}); "
-                          "choose one of them")
+        raise RunDirTaken(
+            f"overwrite=true would delete the checkpoint resume= continues from ({resume_from}); "
+            "choose one of them"
+        )
     if ours:
         return False
     if overwrite:
@@ -164,11 +177,14 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
     from .checkpoint import find_checkpoint
 
     try:
-        last = f"its last checkpoint is {find_checkpoint(str(run_dir)).name}; resume it with resume={run_dir}, "
+        newest = find_checkpoint(str(run_dir)).name
+        last = f"its last checkpoint is {newest}; resume it with resume={run_dir}, "
     except FileNotFoundError:
         last = "it has no complete checkpoint; "
-    raise RunDirTaken(f"run dir {run_dir} holds another run ({', '.join(found)}): {last}"
-                      "replace it with overwrite=true, or choose another hydra.run.dir")
+    raise RunDirTaken(
+        f"run dir {run_dir} holds another run ({', '.join(found)}): {last}"
+        "replace it with overwrite=true, or choose another hydra.run.dir"
+    )
 
 
 def _present(path: Path) -> bool:

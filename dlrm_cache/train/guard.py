@@ -29,7 +29,9 @@ class LossDiverged(ValueError):
 
 
 class LossGuard:
-    def __init__(self, factor: float, data_root: str | Path, window: int = 1000, least: int = 10) -> None:
+    def __init__(
+        self, factor: float, data_root: str | Path, window: int = 1000, least: int = 10
+    ) -> None:
         self.factor = factor  # 0: only non-finite losses stop the run
         self.root = Path(data_root)
         self.least = least
@@ -73,6 +75,8 @@ class LossGuard:
             return "is not finite"
         bound = self.bound()
         if bound is not None and loss > bound:
-            return (f"is more than {self.factor:g}x the largest of the previous {len(self.recent)} "
-                    f"steps ({bound / self.factor:.4g})")
+            return (
+                f"is more than {self.factor:g}x the largest of the previous {len(self.recent)} "
+                f"steps ({bound / self.factor:.4g})"
+            )
         return None

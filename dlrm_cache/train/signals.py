@@ -60,8 +60,12 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         return
     _received.append(signum)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"dlrm-cache train: {signal.Signals(signum).name} received: saving a checkpoint after "
-              "the current step (a second signal stops at once)", file=sys.stderr, flush=True)
+        print(
+            f"dlrm-cache train: {signal.Signals(signum).name} received: saving a checkpoint after "
+            "the current step (a second signal stops at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class StopAgreement:
@@ -81,7 +85,10 @@ class StopAgreement:
             return self.signum
         agreed = self._collect()  # the flags all ranks sent one step ago
         flag = torch.tensor([mine], dtype=torch.int64)
-        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
+        self._pending = (
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+            flag,
+        )
         self.signum = agreed or None
         return self.signum
 
@@ -101,20 +108,30 @@ class StopAgreement:
             self._group = None
 
 
-def exit_preempted(signum: int, step: int, start: int, saved_at_step: bool,
-                   checkpoint: Callable[[int], None], run_dir: Path, is_main: bool) -> NoReturn:
+def exit_preempted(
+    signum: int,
+    step: int,
+    start: int,
+    saved_at_step: bool,
+    checkpoint: Callable[[int], None],
+    run_dir: Path,
+    is_main: bool,
+) -> NoReturn:
     """After the loop stopped on ``signum`` at ``step`` (the run began at ``start``): save a
     checkpoint of ``step`` unless one was just saved (``saved_at_step``) or no step was done,
     say where and how to resume (rank 0), and exit as the signal would have."""
     name = signal.Signals(signum).name
     if step == start:
-        where = (f"no step done since step {start}: nothing new to save"
-                 + (f"; resume with resume={run_dir}" if start else ""))
+        where = f"no step done since step {start}: nothing new to save" + (
+            f"; resume with resume={run_dir}" if start else ""
+        )
     else:
         if not saved_at_step:
             checkpoint(step)
-        where = (f"checkpoint of step {step} in {step_dir(run_dir, step)}; continue with the same "
-                 f"command and resume={run_dir} hydra.run.dir={run_dir}")
+        where = (
+            f"checkpoint of step {step} in {step_dir(run_dir, step)}; continue with the same "
+            f"command and resume={run_dir} hydra.run.dir={run_dir}"
+        )
     if is_main:
         print(f"dlrm-cache train: stopped by {name}: {where}", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
