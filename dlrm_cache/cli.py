@@ -85,6 +85,16 @@ def _report(cfg: DictConfig, run_dirs: tuple[str, ...] = ()) -> None:
     report(cfg)
 
 
+def _verify(cfg: DictConfig, paths: tuple[str, ...] = ()) -> None:
+    from .verify import verify
+
+    if len(paths) > 1:
+        raise ValueError(f"verify takes one dataset directory, not {len(paths)}: {' '.join(paths)}")
+    if paths:
+        cfg.data_path = paths[0]
+    verify(cfg)
+
+
 # command -> (config name, function, one-line help)
 COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "synth": ("synth", _synth, "write Criteo-format lines from a planted model (and its oracle AUC)"),
@@ -93,6 +103,7 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "plan": ("plan", _plan, "predict the cache hit rate per cache ratio from the frequency stats"),
     "bench": ("bench", _bench, "embedding-layer and training-step benchmarks"),
     "report": ("report", _report, "plots + a markdown summary of run directories or a -m sweep directory"),
+    "verify": ("verify", _verify, "read every shard of a processed dataset and check it against its manifest"),
 }
 
 
@@ -101,7 +112,7 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 # WriteError: a file that could not be written (disk full, quota), named.
 USER_ERRORS = (
     ValueError, IndexError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
-    WriteError,
+    WriteError, OSError,  # OSError: also a link loop (ELOOP), an I/O error (EIO), ... of a path given
 )
 
 
@@ -119,6 +130,9 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 raise
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
+        except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)
+            print(f"dlrm-cache {command}: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
 
     return run
 
@@ -158,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     if command == "report":
         run_dirs, argv = split_run_dirs(argv)
         fn = functools.partial(_report, run_dirs=tuple(run_dirs))
+    if command == "verify":
+        paths, argv = split_run_dirs(argv)
+        fn = functools.partial(_verify, paths=tuple(paths))
     app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(_friendly(command, fn))
     sys.argv = [f"dlrm-cache {command}", *argv]
     if os.environ.get("DLRM_CACHE_TRACEBACK"):
@@ -171,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         app()
     except (HydraException, OmegaConfBaseException) as e:
         print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as e:  # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log
+        print(f"dlrm-cache {command}: error: hydra.run.dir: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
         if full_error is None:

@@ -151,6 +151,10 @@ class TrainConfig:
     log_every: int = checked(50, ge=1)  # metrics.jsonl train record every N steps
     checkpoint_every: int = checked(0, ge=0)  # steps between checkpoints (0: only at the end)
     resume: str | None = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
+    overwrite: bool = False  # a run dir holding another run: delete that run's files and start anew
+    # stop when a step's loss is more than this many times the largest of the previous 1000 steps
+    # (0: off); a non-finite loss always stops the run
+    loss_spike_factor: float = checked(10.0, gt=1, also=(0.0,))
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
     shard_rows_above: int = checked(0, ge=0)  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)

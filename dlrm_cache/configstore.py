@@ -24,6 +24,7 @@ from .config import (
     TrainConfig,
 )
 from .data.config import PreprocessConfig, SynthConfig
+from .verify import VerifyConfig
 
 
 def config_dir() -> str:
@@ -69,9 +70,12 @@ def register_configs() -> None:
     """Register the schemas and resolvers (idempotent)."""
     if not OmegaConf.has_resolver("dlrm_run_id"):
         OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
-        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory.
+        # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory, and not over
+        # the snapshot of a run already there (train.claim.hydra_subdir)
+        from .train.claim import hydra_subdir
+
         OmegaConf.register_new_resolver(
-            "dlrm_hydra_subdir", lambda: ".hydra" if _is_rank0() else None, use_cache=True
+            "dlrm_hydra_subdir", lambda: hydra_subdir() if _is_rank0() else None, use_cache=False
         )
         # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
         OmegaConf.register_new_resolver(
@@ -91,6 +95,7 @@ def register_configs() -> None:
         ("data_schema", DataConfig),
         ("model_schema", ModelConfig),
         ("optim_schema", OptimConfig),
+        ("verify_schema", VerifyConfig),
     ]:
         cs.store(name=name, node=node)
     for backend, schema in EMBEDDING_SCHEMAS.items():

@@ -14,6 +14,7 @@ value stops the command with one line naming the key before anything is built.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 from collections.abc import Callable
@@ -63,6 +64,8 @@ class Range:
             return None
         if value is None or value in self.also:
             return None
+        if isinstance(value, float) and not math.isfinite(value):  # no range means inf or nan
+            return "must be a finite number"
         if self.pattern is not None:
             return None if re.fullmatch(self.pattern, str(value)) else f"must match {self.pattern}"
         bounds = [(op, cmp, b) for op, cmp, b in ((">=", operator.ge, self.ge), (">", operator.gt, self.gt),
@@ -72,6 +75,9 @@ class Range:
             return None
         need = " and ".join(f"{op} {b:g}" for op, _, b in bounds)
         return f"must be {need}" + "".join(f" (or {a!r})" for a in self.also)
+
+
+_ANY = Range()  # what a field without a declared range must satisfy (a finite number, if one)
 
 
 def checked(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None, **range_: Any) -> Any:
@@ -97,7 +103,7 @@ def validate(cfg: Any, prefix: str = "") -> None:
         if OmegaConf.is_missing(cfg, f.name) or (rng is None and OmegaConf.is_interpolation(cfg, f.name)):
             continue  # unset, or e.g. run_dir (resolved by Hydra's runtime): nothing to check
         value = cfg[f.name]
-        if rng is not None and (p := rng.problem(value)) is not None:
+        if (p := (rng or _ANY).problem(value)) is not None:
             shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
             raise ConfigError(f"{prefix}{f.name}={shown}: {p}")
         if isinstance(value, DictConfig):

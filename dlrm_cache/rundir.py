@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from .data.format import atomic_write_text
+from .data.format import atomic_write_text, to_json
 
 METRICS: Final = "metrics.jsonl"
 SUMMARY: Final = "summary.json"
@@ -56,7 +56,7 @@ class JsonlLog:
             return
         record = {"kind": kind, "time": round(time.time() - self.t0, 3), **fields}
         with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=_plain) + "\n")
+            f.write(to_json(record, default=_plain) + "\n")
         self.records += 1
 
 
@@ -103,7 +103,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=2, default=str))
+    atomic_write_text(run_dir / SUMMARY, to_json(summary, indent=2, default=str))
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

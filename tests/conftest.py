@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from dlrm_cache.data.format import (
@@ -17,6 +16,7 @@ from dlrm_cache.data.format import (
     SPARSE_NAMES,
     Manifest,
     SplitInfo,
+    write_parquet,
 )
 
 
@@ -40,7 +40,7 @@ def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shar
             cols.update({n_: ids[j].astype(np.int32) for j, n_ in enumerate(SPARSE_NAMES[: len(table_sizes)])})
             rel = f"{split}/part-{k:05d}.parquet"
             (root / split).mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.table(cols), root / rel)
+            write_parquet(pa.table(cols), root / rel)
             shards.append(rel)
             counts.append(m)
         splits[split] = SplitInfo(rows=n, shards=shards, shard_rows=counts)

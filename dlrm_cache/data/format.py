@@ -10,6 +10,10 @@ A processed dataset is a directory:
     val/part-00000.parquet ...    C1..C26 (int32 or int64 frequency ranks: 0 = hottest row)
     test/...
 
+Every parquet file is written with a CRC32 per page (:data:`PARQUET_WRITE`, by :func:`write_parquet`)
+and read back verified (:func:`read_parquet`, :func:`open_parquet`): a flipped bit is an error
+naming the file, not other values to train on.
+
 Row r of table C_j is the r-th most frequent (hashed) id of feature j in the training split
 (ties broken by the smaller id).  The last row of every table (index ``table_sizes[j] - 1``) is the
 shared row for ids below ``min_count`` or never seen in training.  The GPU cache keys on these
@@ -20,14 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
 NUM_DENSE = 13
@@ -39,6 +48,9 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
 # Empty categorical fields are a value of their own (they are frequent in some features).
 MISSING_ID = -1
+
+# What every parquet file dlrm-cache writes carries: a CRC32 per page, verified on every read.
+PARQUET_WRITE: dict[str, Any] = {"write_page_checksum": True}
 
 # Per-feature distinct values of Criteo Kaggle, as used by DLRM (../shared/criteo/README.md).
 KAGGLE_CARDINALITIES = [
@@ -92,9 +104,45 @@ class Manifest:
             )
         try:
             raw["splits"] = {k: SplitInfo(**v) for k, v in raw["splits"].items()}
-            return cls(**raw)
+            manifest = cls(**raw)
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again") from None
+        problem = manifest.problem()
+        if problem is not None:
+            raise ValueError(f"{path}: not a dataset manifest ({problem}); preprocess the data again")
+        return manifest
+
+    def problem(self) -> str | None:
+        """What is wrong with the fields' types and ranges, or None.  Every shard is a relative
+        path inside the dataset directory (a manifest names only its own files)."""
+        def counts(v: Any, least: int = 0) -> bool:
+            return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= least
+                                               for x in v)
+
+        def names(v: Any) -> bool:
+            return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+        if not counts(self.table_sizes, 1) or not self.table_sizes:
+            return "table_sizes must be a list of integers >= 1"
+        if not names(self.sparse_names) or len(self.sparse_names) != len(self.table_sizes):
+            return "sparse_names must be a name per table of table_sizes"
+        if not names(self.dense_names):
+            return "dense_names must be a list of column names"
+        for key in ("min_count", "hash_modulus"):
+            if not counts([getattr(self, key)]):
+                return f"{key} must be an integer >= 0"
+        if not isinstance(self.stats_digest, str):
+            return "stats_digest must be a string"
+        if not isinstance(self.splits, dict) or "train" not in self.splits:
+            return "splits must hold a train split"
+        for split, info in self.splits.items():
+            if not (names(info.shards) and counts(info.shard_rows) and counts([info.rows])
+                    and len(info.shards) == len(info.shard_rows) and sum(info.shard_rows) == info.rows):
+                return f"splits.{split}: rows, shards and shard_rows do not agree"
+            for rel in info.shards:
+                if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                    return f"splits.{split}: shard {rel!r} is not a path inside the dataset directory"
+        return None
 
     def identity(self) -> dict[str, Any]:
         """What makes two datasets the same training data (where it was built from and where it
@@ -136,6 +184,54 @@ class Manifest:
                     )
 
 
+def write_parquet(table: "pa.Table", path: str | os.PathLike, **options: Any) -> None:
+    """``pq.write_table`` with :data:`PARQUET_WRITE` (page checksums); ``options``: compression,
+    row groups, ... (the caller writes to a temporary name and renames it)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, **PARQUET_WRITE, **options)
+
+
+class DataError(ValueError):
+    """A dataset file that is damaged or not what the manifest says: the message names it."""
+
+
+def open_parquet(path: str | os.PathLike) -> "pq.ParquetFile":
+    """A parquet file whose pages are checked against their CRC32 as they are read.  Errors, here
+    and in the reads of the returned file, are turned into :class:`DataError` by :func:`read_errors`."""
+    import pyarrow.parquet as pq
+
+    with read_errors(path):
+        return pq.ParquetFile(path, page_checksum_verification=True)
+
+
+def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> "pa.Table":
+    """The whole file (or ``columns``), every page verified; damage is a :class:`DataError`."""
+    with read_errors(path):
+        return open_parquet(path).read(columns=columns)
+
+
+@contextmanager
+def read_errors(path: str | os.PathLike) -> Iterator[None]:
+    """A failed read, checksum or decode of the parquet file ``path`` as one line naming it.
+
+    A missing or unreadable file stays the OSError it is (its message names the file); anything
+    pyarrow reports about the content (a CRC mismatch is an OSError there, a bad footer an
+    ArrowInvalid, a decompressor failure either) becomes a :class:`DataError`.
+    """
+    import pyarrow as pa
+
+    try:
+        yield
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
+        raise type(e)(e.errno, f"{path}: {e.strerror}") from None
+    except DataError:
+        raise
+    except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError
+        raise DataError(f"{path}: damaged or not a parquet file ({one_line(e)[:200]}); "
+                        "preprocess the data again (`dlrm-cache verify` checks a whole dataset)") from None
+
+
 class WriteError(OSError):
     """An output that could not be written (disk full, quota, file size limit): the message names
     it and says what was kept."""
@@ -166,6 +262,23 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_file(path) as f:
         f.write(text)
+
+
+def to_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """JSON any parser reads (Python's ``json`` writes a bare ``NaN`` otherwise): a non-finite
+    float (the AUC of no samples, a rate over no time, a diverged loss) is written as ``null``."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    fallback = None if default is None else (lambda x: plain(default(x)))
+    return json.dumps(plain(obj), indent=indent, default=fallback, allow_nan=False)
 
 
 def _umask() -> int:
@@ -208,6 +321,15 @@ def recover_dir(final: str | os.PathLike) -> None:
         shutil.rmtree(aside)
     else:
         aside.rename(final)
+
+
+def resolve_path(path: str | os.PathLike, key: str) -> Path:
+    """``path`` made absolute with every link followed; a link loop (Python 3.11 raises
+    RuntimeError for one) is a ValueError naming the config ``key``."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as e:
+        raise ValueError(f"{key}={path}: cannot be resolved ({one_line(e)})") from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .format import LABEL, Manifest
+from .format import LABEL, Manifest, open_parquet, read_errors
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
@@ -41,6 +42,9 @@ class Batch:
     sparse: KeyedJaggedTensor  # 26 features, one id per sample (int32 ids unless a table needs int64)
     labels: torch.Tensor  # [b] float32
     analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
+    # the shards (paths in the dataset) the rows of its global batch came from: what an error
+    # about this batch names (the same on every rank, whatever the placement)
+    source: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -93,6 +97,7 @@ class OneIdPerSample:
             self.kjt(ids.to(device, non_blocking=True, copy=copy)),
             batch.labels.to(device, non_blocking=True, copy=copy),
             batch.analysis,
+            batch.source,
         )
 
 
@@ -103,12 +108,13 @@ class _Columns:
     labels: np.ndarray  # [n] float32
     dense: np.ndarray  # [num_dense, n] float32
     ids: np.ndarray  # [num_sparse, n] int32 (int64 if a table has more rows than int32 holds)
+    shard: str = ""  # the shard they came from (its path in the dataset)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def rows(self, lo: int, hi: int) -> _Columns:
-        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi])
+        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi], self.shard)
 
 
 class ShardStream:
@@ -167,12 +173,12 @@ class ShardStream:
         """Shard ``idx`` in stream order (permuted when shuffling: one gather per column), from
         row ``skip`` on."""
         path = self.root / self.info.shards[idx]
-        shard = pq.ParquetFile(path)
+        shard = open_parquet(path)  # every page checked against its CRC as it is read
         missing = [c for c in (LABEL, *self.dense_names, *self.keys) if c not in shard.schema_arrow.names]
         if missing:
             raise ValueError(f"{path}: missing column '{missing[0]}'; preprocess the data again")
-        self._check_ids(shard.metadata, path)
-        table = shard.read()  # one chunk per column: to_numpy() below copies nothing
+        with read_errors(path):
+            table = shard.read()  # one chunk per column: to_numpy() below copies nothing
         n = table.num_rows
         perm = np.random.default_rng([self.seed, epoch, idx]).permutation(n) if self.shuffle else None
 
@@ -186,25 +192,25 @@ class ShardStream:
                     np.take(col, perm, out=out[j])  # a whole column stays in cache; per batch it would not
             return out
 
+        self._check_id_values(table, path)
         ids = gather(self.keys, np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64))
         dense = gather(self.dense_names, np.dtype(np.float32))
         labels = gather([LABEL], np.dtype(np.float32))[0]
-        return _Columns(labels, dense, ids).rows(skip, n)
+        return _Columns(labels, dense, ids, self.info.shards[idx]).rows(skip, n)
 
-    def _check_ids(self, meta: pq.FileMetaData, path: Path) -> None:
-        """Every id inside its table, from the shard's column statistics (read with the footer)."""
-        index = {meta.schema.column(i).name: i for i in range(meta.num_columns)}
+    def _check_id_values(self, table: pa.Table, path: Path) -> None:
+        """Every id inside its table, from the values as stored (statistics can lie; a cast to
+        int32 could wrap): checked here, before any placement sees them, so the error names the
+        shard under every placement."""
+        if table.num_rows == 0:
+            return
         for j, name in enumerate(self.keys):
-            for g in range(meta.num_row_groups):
-                group = meta.row_group(g)
-                st = group.column(index[name]).statistics
-                if group.num_rows and (st is None or not st.has_min_max):
-                    raise ValueError(f"{path}: column {name} has no min/max statistics; preprocess again")
-                if group.num_rows and (st.min < 0 or st.max >= self.table_sizes[j]):
-                    raise ValueError(
-                        f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
-                        "(shard and manifest do not match; preprocess again)"
-                    )
+            low, high = pc.min_max(table.column(name)).values()
+            low, high = low.as_py(), high.as_py()
+            if low is None or low < 0 or high >= self.table_sizes[j]:
+                bad = low if low is None or low < 0 else high
+                raise ValueError(f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
+                                 f"(id {bad}: shard and manifest do not match; preprocess again)")
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """This rank's part of global batches ``start, start+1, ...`` of ``epoch``.
@@ -241,9 +247,9 @@ class ShardStream:
                 have += len(parts[-1])
                 while have >= self.batch_size:
                     have -= self.batch_size
-                    yield self._local(_take(parts, self.batch_size), self.batch_size)
+                    yield _sourced(self._local, _take(parts, self.batch_size), self.batch_size)
         if have and not self.drop_last:
-            yield self._local(_take(parts, have), have)
+            yield _sourced(self._local, _take(parts, have), have)
 
     def _local(self, pieces: list[_Columns], n: int) -> Batch:
         """This rank's contiguous share of a global batch of ``n`` rows made of ``pieces`` (as even as
@@ -268,6 +274,13 @@ class ShardStream:
             np.copyto(labels.numpy()[at : at + k], p.labels)
             at += k
         return self.layout.batch(dense, ids, labels)
+
+
+def _sourced(local: Callable[[list[_Columns], int], Batch], pieces: list[_Columns], n: int) -> Batch:
+    """``local(pieces, n)`` with the shards of the whole global batch attached."""
+    batch = local(pieces, n)
+    batch.source = tuple(dict.fromkeys(p.shard for p in pieces))
+    return batch
 
 
 def _take(parts: deque[_Columns], n: int) -> list[_Columns]:

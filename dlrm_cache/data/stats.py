@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .format import MANIFEST, SPARSE_NAMES, Manifest, one_line, sha256_file
+from .format import MANIFEST, SPARSE_NAMES, Manifest, one_line, read_parquet, sha256_file, write_parquet
 
 COUNTS = "stats/counts.parquet"
 SUMMARY = "stats/summary.json"
@@ -153,7 +152,7 @@ def write_counts(path: Path, features: dict[str, FeatureStats]) -> None:
         }
     )
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
+    write_parquet(table, tmp)
     os.replace(tmp, path)
 
 
@@ -172,7 +171,7 @@ def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
         summary = json.loads((d / SUMMARY).read_text())["features"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{d / SUMMARY}: not a statistics summary ({one_line(e)}); preprocess the data again") from None
-    counts = pq.read_table(d / COUNTS, columns=["count"]).column("count").to_numpy()
+    counts = read_parquet(d / COUNTS, columns=["count"]).column("count").to_numpy()
     # Features are stored in C1..C26 order with table_size - 1 kept ids each: slice, don't search.
     sizes = [summary[name]["table_size"] - 1 for name in SPARSE_NAMES]
     if sum(sizes) != len(counts):

@@ -21,6 +21,7 @@ from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
+from .claim import claim_run_dir
 from .evaluate import evaluate
 from .optim import build_dense_optimizer
 from .step import set_matmul_precision
@@ -171,6 +172,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     manifest = Manifest.load(data_path)
     manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
+    claim_run_dir(run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg)  # one run per run dir
     torch.manual_seed(cfg.seed)
     embeddings = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(

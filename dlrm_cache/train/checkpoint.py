@@ -22,6 +22,7 @@ import re
 import shutil
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,6 +56,9 @@ RESUME_KEYS = (
     "optim.sparse.name", "optim.dense.name", "optim.dense.weight_decay", "optim.dense.momentum",
     "data.batch_size", "data.shuffle", "seed",
 )
+
+# ...and what must be recorded of its dataset (newer identity keys may be absent from older checkpoints)
+REQUIRED_DATASET_KEYS = ("dataset.table_sizes", "dataset.stats_digest")
 
 
 def _barrier() -> None:
@@ -204,6 +208,47 @@ def load_data(path: Path, mmap: bool = False) -> Any:
         raise ValueError(f"{path}: not a readable checkpoint file ({one_line(e)[:200]})") from None
 
 
+# meta.json's schema: key -> (what it must be, the check).  Checked before any file it names is read.
+def _count(v: Any, least: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+META_SCHEMA: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "step": ("an integer >= 0", _count),
+    "world_size": ("an integer >= 1", lambda v: _count(v, 1)),
+    "log_records": ("an integer >= 0", _count),
+    "config": ("a non-empty object (the run's config)", lambda v: isinstance(v, dict) and bool(v)),
+    "dataset": ("a non-empty object (the dataset's identity)", lambda v: isinstance(v, dict) and bool(v)),
+    "tables": ("an object of table entry -> file name",
+               lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(f, str) for k, f in v.items())),
+    "files": ("an object of file name -> size in bytes",
+              lambda v: isinstance(v, dict) and all(isinstance(k, str) and _count(n) for k, n in v.items())),
+}
+
+
+def meta_problem(meta: Any, directory: Path) -> str | None:
+    """What is wrong with a parsed meta.json of the checkpoint in ``directory``, or None.
+
+    Every key of :data:`META_SCHEMA` with its type and range; every file it names (the dense
+    part's included) recorded with its size, a plain name that resolves to a file inside
+    ``directory`` itself (no path, no ``..``, no link out): a checkpoint reads only its own files.
+    """
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    for key, (what, ok) in META_SCHEMA.items():
+        if key not in meta:
+            return f"no {key!r}"
+        if not ok(meta[key]):
+            return f"{key!r} must be {what}"
+    home = directory.resolve()
+    for name in sorted({*meta["tables"].values(), *meta["files"], DENSE}):
+        if name not in meta["files"]:
+            return f"no size recorded for {name!r}"
+        if name in ("", ".", "..") or Path(name).name != name or (home / name).resolve().parent != home:
+            return f"{name!r} is not a file of this checkpoint directory"
+    return None
+
+
 class Checkpoint:
     """A complete checkpoint, checked when opened: its meta.json, every file's recorded size,
     and its dense part (small) loaded; the tables are read on demand."""
@@ -213,30 +258,33 @@ class Checkpoint:
         meta_path = self.path / META
         try:
             self.meta: dict[str, Any] = json.loads(meta_path.read_text())
-            self.step = int(self.meta["step"])
-            stored = dict(self.meta["tables"])
-        except (ValueError, KeyError, TypeError) as e:
+        except ValueError as e:
             raise ValueError(f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({one_line(e)})") from None
         except OSError as e:
             raise type(e)(e.errno, f"{meta_path}: {e.strerror}") from None
+        problem = meta_problem(self.meta, self.path)
+        if problem is not None:
+            raise ValueError(f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({problem}); "
+                             "resume from another checkpoint")
+        self.step: int = self.meta["step"]
+        stored: dict[str, str] = self.meta["tables"]
         for name in sorted({*stored.values(), DENSE}):
             f = self.path / name
-            want = self.meta.get("files", {}).get(name)
+            want = self.meta["files"][name]
             have = f.stat().st_size if f.is_file() else None
-            if have is None or (want is not None and have != want):
+            if have != want:
                 found = "missing" if have is None else f"{have} bytes"
-                raise ValueError(f"{f}: {found} but {meta_path} records {want if want is not None else 'it'}"
+                raise ValueError(f"{f}: {found} but {meta_path} records {want}"
                                  " (cut short or replaced?); resume from another checkpoint")
         self.dense: dict[str, Any] = load_data(self.path / DENSE)
-        # checkpoints written before meta.json held the config kept it in dense.pt
-        self.config: dict[str, Any] = self.meta.get("config") or self.dense.get("config") or {}
+        self.config: dict[str, Any] = self.meta["config"]
 
     def log_records(self, run_dir: Path) -> int | None:
         """How many records the run's metrics.jsonl held at this checkpoint, if it was written into
         ``run_dir`` (a run resumed there drops the later ones: it redoes those steps)."""
         if self.path.parent.parent.resolve() != Path(run_dir).resolve():
             return None
-        return self.meta.get("log_records")
+        return self.meta["log_records"]
 
     def tables(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """The requested entries, reading only the files that hold them.
@@ -301,7 +349,11 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
     now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
-    then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta.get("dataset", {}), "dataset.")}
+    then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
+    unknown = [k for k in (*RESUME_KEYS, *REQUIRED_DATASET_KEYS) if k not in then]
+    if unknown:  # nothing to compare: the resume could not be checked
+        raise ValueError(f"{ckpt.path / META}: records no {unknown[0]} (of the run's config or its dataset); "
+                         "it cannot be checked against this run, resume from another checkpoint")
     diff = [k for k in now if k in then and then[k] != now[k]]
     if diff:
         raise ValueError(

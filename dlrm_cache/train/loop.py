@@ -20,9 +20,12 @@ from ..data.format import Manifest
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
 from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
 from .build import TrainingRun, build_run, restore
+from .claim import release as release_run_dirs
+from .guard import LossGuard
 from .metrics import StatsTotals, format_table
 from .pipeline import Pipeline
 from .schedule import set_learning_rates
+from .signals import StopAgreement, exit_preempted, stop_signals
 from .step import train_step
 from .timing import Throughput, seconds_since_process_start
 
@@ -47,8 +50,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     info: DistInfo = init_distributed(device, cfg.dist_timeout_s)
     try:
-        return _train(cfg, device, info)
+        with stop_signals():
+            return _train(cfg, device, info)
     finally:
+        release_run_dirs()
         shutdown()
 
 
@@ -63,8 +68,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     interval = StatsTotals()  # the cache's counters since the last train record
     # summed on the device: a .item() per step would make the host wait for every step
     loss_sum, loss_n = torch.zeros((), device=run.device), 0
+    guard, stop, first = LossGuard(cfg.loss_spike_factor, cfg.data.path), StopAgreement(info), step
     model.train()
-    while step < run.total_steps:
+    while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
         with Pipeline(run.train_stream.batches(epoch, start), run.train_stream.layout, run.device, embeddings,
                       cfg.data.prefetch_batches, cfg.data.analysis_threads) as pipeline:
@@ -78,7 +84,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                 clock.samples += batch.size * info.world_size
                 loss_sum += loss.detach()
                 loss_n += 1
+                guard.record(step, loss, batch.source)  # no sync: checked below, where the loop reads anyway
                 if step % cfg.log_every == 0 or step == run.total_steps:
+                    guard.check()
                     mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
                     rate = clock.lap()
                     interval.add(embeddings.take_stats())
@@ -91,6 +99,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                 bar.update(1)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < run.total_steps:
                     with clock.pause():
+                        guard.check()
                         # the cache's counters so far are training's; evaluation's lookups are not
                         interval.add(embeddings.take_stats())
                         result = run.evaluate(step)
@@ -99,8 +108,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         bar.write(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < run.total_steps:
                     with clock.pause():
+                        guard.check()
                         run.checkpoint(step)
-                if step >= run.total_steps:
+                if step >= run.total_steps or stop.requested():
                     break
         if loss_n:  # the tail since the last log line still counts towards throughput
             loss_sum.item()  # the steps have finished on the device
@@ -108,6 +118,11 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
             loss_sum.zero_()
             loss_n = 0
     bar.close()
+    guard.check()
+    stop.close()
+    if stop.signum:  # SIGTERM / SIGINT: a checkpoint of this step, then exit 128 + signum
+        saved = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+        exit_preempted(stop.signum, step, first, saved, run.checkpoint, run.run_dir, info.is_main)
     return step, clock, totals, startup_s
 
 

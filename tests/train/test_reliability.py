@@ -203,7 +203,9 @@ def test_kill_at_a_random_time_then_resume_is_bit_identical(straight, tmp_path: 
         pytest.skip(f"the run finished within {delay:.2f} s")
     assert code == -signal.SIGKILL
     resumable = bool(_complete_steps(d))
-    code, err = run(at(cfg, d, d if resumable else None), tmp_path)
+    again = at(cfg, d, d if resumable else None)
+    again.overwrite = not resumable  # the killed run's files (no checkpoint to resume) make way
+    code, err = run(again, tmp_path)
     assert code == 0, err
     assert_same(want, params(d / "checkpoints" / "step_00000012"))
     if resumable:
@@ -259,7 +261,7 @@ def _truncate(name: str, keep_size_record: bool = True):
             meta = json.loads((ckpt / "meta.json").read_text())
             meta.pop("files", None)
             (ckpt / "meta.json").write_text(json.dumps(meta))
-        return f"{name}: " if keep_size_record else f"{name}: not a readable checkpoint file"
+        return f"{name}: " if keep_size_record else "meta.json: not a dlrm-cache checkpoint's meta.json (no 'files')"
     return damage
 
 
