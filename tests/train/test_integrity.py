@@ -404,7 +404,7 @@ def _strict(text: str):
 def test_metrics_and_summary_are_strict_json(tmp_path: Path):
     import math
 
-    from dlrm_cache.train.metrics import JsonlLog
+    from dlrm_cache.rundir import JsonlLog
 
     log = JsonlLog(tmp_path / "metrics.jsonl")
     log.write("eval", auc=math.nan, loss=torch.tensor(math.inf), rates=[1.0, -math.inf])
