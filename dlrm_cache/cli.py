@@ -83,6 +83,18 @@ def _report(cfg: DictConfig, run_dirs: tuple[str, ...] = ()) -> None:
     report(cfg)
 
 
+def _predict(cfg: DictConfig) -> None:
+    from .predict import predict
+
+    predict(cfg)
+
+
+def _export(cfg: DictConfig) -> None:
+    from .export import export
+
+    export(cfg)
+
+
 # command -> (config name, function, one-line help)
 COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "synth": ("synth", _synth, "write Criteo-format lines from a planted model (and its oracle AUC)"),
@@ -91,6 +103,8 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "plan": ("plan", _plan, "predict the cache hit rate per cache ratio from the frequency stats"),
     "bench": ("bench", _bench, "embedding-layer and training-step benchmarks"),
     "report": ("report", _report, "plots + a markdown summary of run directories or a -m sweep directory"),
+    "predict": ("predict", _predict, "click probabilities of a trained run for raw Criteo lines or a split"),
+    "export": ("export", _export, "a trained run as a torchrec DLRM state dict + constructor arguments"),
 }
 
 

@@ -173,6 +173,13 @@ class FreqCacheEmbeddingConfig:
 
 # --------------------------------------------------------------------------- commands
 @dataclass
+class LoggerConfig:
+    """Live views of the records train writes to metrics.jsonl (which stays the source of truth)."""
+
+    tensorboard: bool = False  # every record's numbers also as TensorBoard scalars in the run dir (rank 0)
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -199,6 +206,7 @@ class TrainConfig:
     dist_timeout_s: float = checked(300.0, gt=0)
     precision: Precision = Precision.fp32  # fp32 | tf32 | bf16: the dense part's arithmetic
     compile: bool = False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 @dataclass
@@ -311,6 +319,9 @@ def register_configs() -> None:
     from .data.config import register as register_data_commands
 
     register_data_commands(cs)
+    from .after_config import register as register_after_training
+
+    register_after_training(cs)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

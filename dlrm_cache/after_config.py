@@ -1,0 +1,59 @@
+"""Config schemas of the commands that use a trained run: `dlrm-cache predict` and `dlrm-cache export`.
+
+Kept apart from :mod:`dlrm_cache.config` (and free of torch imports, so registering them costs the
+dispatcher nothing); ``configs/predict.yaml`` and ``configs/export.yaml`` name these schemas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from .config import DEVICE
+from .data.config import BadLines, PreprocessConfig
+from .ranges import Choice, checked
+
+
+class OutputFormat(Choice):
+    auto = "auto"  # by the output's extension: .csv -> csv, anything else -> parquet
+    parquet = "parquet"
+    csv = "csv"
+
+
+@dataclass
+class PredictConfig:
+    """`dlrm-cache predict`: click probabilities of a trained model for new lines."""
+
+    # a run directory (its newest complete checkpoint) or one checkpoint directory (checkpoints/step_N)
+    checkpoint: str = MISSING
+    # raw Criteo text (plain or .gz; 40 fields with the label, or 39 without it like Kaggle's
+    # test.txt), or a processed dataset directory (then `split` names the split to score)
+    input: str = MISSING
+    split: str = "test"  # input is a processed dataset: train | val | test
+    output: str = MISSING  # predictions file, replaced atomically
+    format: OutputFormat = OutputFormat.auto
+    # the processed dataset the checkpoint was trained on (its stats map raw ids to rows);
+    # null: the run's data.path
+    data: Optional[str] = None
+    batch_size: int = checked(0, ge=0)  # 0: the run's data.eval_batch_size (what `train test=true` used)
+    bad_lines: BadLines = BadLines.skip  # as preprocess: skip (count, report a few) | fail
+    bad_line_reports: int = checked(PreprocessConfig.bad_line_reports, ge=0)
+    chunk_bytes: int = checked(PreprocessConfig.chunk_bytes, ge=1)  # raw bytes parsed at a time (memory ~ 10x)
+    device: str = checked("cpu", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
+    progress: bool = True
+
+
+@dataclass
+class ExportConfig:
+    """`dlrm-cache export`: a checkpoint as a torchrec DLRM state dict plus its constructor arguments."""
+
+    checkpoint: str = MISSING  # a run directory (its newest complete checkpoint) or a checkpoint directory
+    output: str = MISSING  # a directory: state_dict.pt + dlrm.json (replaced atomically)
+
+
+def register(cs: ConfigStore) -> None:
+    cs.store(name="predict_schema", node=PredictConfig)
+    cs.store(name="export_schema", node=ExportConfig)
