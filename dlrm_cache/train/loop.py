@@ -279,6 +279,9 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
         total_steps = min(total_steps, cfg.max_steps)
     log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main,
                    keep=ckpt.log_records(run_dir) if ckpt is not None else None)
+    from ..tensorboard import attach as attach_tensorboard
+
+    attach_tensorboard(log, cfg.logger.tensorboard, run_dir)
     return Run(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
                total_steps, log, ckpt)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,6 +61,7 @@ class JsonlLog:
     def __init__(self, path: Path, enabled: bool = True, keep: int | None = None) -> None:
         self.path = path
         self.enabled = enabled
+        self.sinks: list[Callable[[dict], None]] = []  # also handed every record written (TensorBoard)
         self.t0 = time.time()
         self.records = 0
         if enabled and path.exists():
@@ -77,6 +79,8 @@ class JsonlLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(record, default=_plain) + "\n")
         self.records += 1
+        for sink in self.sinks:
+            sink(record)
 
 
 def _plain(x):
