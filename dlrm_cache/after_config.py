@@ -7,10 +7,10 @@ dispatcher nothing); ``configs/predict.yaml`` and ``configs/export.yaml`` name t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .config import DEVICE
 from .data.config import BadLines, PreprocessConfig
@@ -35,9 +35,9 @@ class PredictConfig:
     split: str = "test"  # input is a processed dataset: train | val | test
     output: str = MISSING  # predictions file, replaced atomically
     format: OutputFormat = OutputFormat.auto
-    # the processed dataset the checkpoint was trained on (its stats map raw ids to rows);
-    # null: the run's data.path
-    data: Optional[str] = None
+    # raw input: the processed dataset the checkpoint was trained on (its stats map raw ids to
+    # rows); null: the run's data.path
+    dataset: Optional[str] = None
     batch_size: int = checked(0, ge=0)  # 0: the run's data.eval_batch_size (what `train test=true` used)
     bad_lines: BadLines = BadLines.skip  # as preprocess: skip (count, report a few) | fail
     bad_line_reports: int = checked(PreprocessConfig.bad_line_reports, ge=0)
@@ -52,6 +52,15 @@ class ExportConfig:
 
     checkpoint: str = MISSING  # a run directory (its newest complete checkpoint) or a checkpoint directory
     output: str = MISSING  # a directory: state_dict.pt + dlrm.json (replaced atomically)
+
+
+def require(cfg: Any, **examples: str) -> None:
+    """A ValueError naming the first of these keys that was not given (Hydra's own error for a
+    missing value comes after a line of its own), with an example value."""
+    for key, example in examples.items():
+        missing = OmegaConf.is_missing(cfg, key) if isinstance(cfg, DictConfig) else getattr(cfg, key) == MISSING
+        if missing:
+            raise ValueError(f"{key}: required, e.g. {key}={example}")
 
 
 def register(cs: ConfigStore) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .after_config import require
 from .data.format import replace_dir
 from .trained import Trained, open_trained
 
@@ -98,6 +99,7 @@ def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, tor
 
 def export(cfg: Any) -> Path:
     """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint``."""
+    require(cfg, checkpoint="runs/train/DATE/TIME", output="exported")
     trained = open_trained(str(cfg.checkpoint))
     out = Path(str(cfg.output)).expanduser().resolve()
     if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {STATE_DICT, ARGS}):

@@ -29,6 +29,7 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
+from .after_config import require
 from .data.format import MANIFEST, Manifest, WriteError, atomic_file
 from .data.loader import Batch, OneIdPerSample, Prefetcher, ShardStream
 from .parallel.dist import resolve_device
@@ -53,16 +54,19 @@ class Source:
 
 def predict(cfg: Any) -> dict[str, Any]:
     """Score ``cfg.input`` with ``cfg.checkpoint``; returns the summary it prints."""
+    require(cfg, checkpoint="runs/train/DATE/TIME", input="test.txt", output="predictions.parquet")
+    output = Path(str(cfg.output)).expanduser()
+    fmt = output_format(output, str(cfg.format))
     device = resolve_device(str(cfg.device))
     inp = Path(str(cfg.input)).expanduser()
     is_dataset = (inp / MANIFEST).is_file()
-    data = cfg.data if cfg.data is not None else (str(inp) if is_dataset else None)
-    trained = open_trained(str(cfg.checkpoint), data)
+    if is_dataset:  # a split of a dataset: the run must have been trained on that dataset
+        trained = open_trained(str(cfg.checkpoint), str(inp), data_key="input")
+    else:
+        trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
     batch_size = int(cfg.batch_size) or int(trained.config.get("data.eval_batch_size", 8192))
     source = split_source(trained, inp, str(cfg.split), batch_size) if is_dataset \
         else raw_source(cfg, trained, inp, batch_size)
-    output = Path(str(cfg.output)).expanduser()
-    fmt = output_format(output, str(cfg.format))
     model = trained.model(device)
 
     t0 = time.perf_counter()

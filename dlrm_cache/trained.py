@@ -82,17 +82,17 @@ class Trained:
         return model.eval()
 
 
-def open_trained(checkpoint: str, data: str | None = None, key: str = "checkpoint") -> Trained:
+def open_trained(checkpoint: str, data: str | None = None, data_key: str = "dataset") -> Trained:
     """The checkpoint ``checkpoint`` names (a run directory: its newest complete one) and its dataset.
 
-    ``data`` (default: the run's ``data.path``) must be the dataset the checkpoint was trained on:
-    the same statistics, table sizes and splits (its recorded identity), or the rows would mean
-    other ids.
+    ``data`` (default: the run's ``data.path``; ``data_key``: the option that named it, for
+    messages) must be the dataset the checkpoint was trained on: the same statistics, table sizes
+    and splits (its recorded identity), or the rows would mean other ids.
     """
     try:
         path = find_checkpoint(checkpoint)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{key}={checkpoint}: no checkpoint there (a directory with meta.json), "
+        raise FileNotFoundError(f"checkpoint={checkpoint}: no checkpoint there (a directory with meta.json), "
                                 "nor a run directory with a complete one") from None
     ckpt = Checkpoint(path)
     config = flatten(ckpt.config)
@@ -100,14 +100,14 @@ def open_trained(checkpoint: str, data: str | None = None, key: str = "checkpoin
     if missing or "model" not in ckpt.dense:
         raise ValueError(f"{path}: not a dlrm-cache training checkpoint (no {missing[0] if missing else 'model'})")
     data_path = Path(data if data is not None else str(config["data.path"])).expanduser()
-    data_key = "data" if data is not None else f"data (the run's data.path={config['data.path']})"
-    manifest = Manifest.load(data_path, key="data")
+    named = f"{data_key}={data}" if data is not None else f"the run's data.path={config['data.path']}"
+    manifest = Manifest.load(data_path, key=data_key)
     trained_on = flatten(ckpt.meta.get("dataset", {}))
     here = flatten(manifest.identity())
     if not trained_on:
         raise ValueError(f"{path / 'meta.json'}: records no dataset identity; not a dlrm-cache training checkpoint")
     diff = [k for k in here if trained_on.get(k) != here[k]]
     if diff:
-        raise ValueError(f"{path}: trained on another dataset than {data_key} ({', '.join(diff[:3])} "
-                         "differ); point data= at the dataset the run was trained on")
+        raise ValueError(f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "
+                         f"differ); point {data_key}= at the dataset the run was trained on")
     return Trained(ckpt, config, data_path, manifest)
