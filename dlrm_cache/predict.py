@@ -69,19 +69,18 @@ def predict(cfg: Any) -> dict[str, Any]:
         else raw_source(cfg, trained, inp, batch_size)
     model = trained.model(device)
 
-    t0 = time.perf_counter()
     metrics = EvalMetrics(device) if source.labelled else None
-    scored = 0
+    scored, t0 = 0, time.perf_counter()
     bar = tqdm(total=source.total, unit=source.unit, unit_scale=True, desc="predict",
                disable=not cfg.progress, dynamic_ncols=True)
     with bar, PredictionWriter(output, fmt, source.index_name, source.labelled) as out, torch.no_grad(), \
             _background(source.batches(lambda n: bar.update(n - bar.n))) as batches:
         for index, batch in batches:
-            b = batch.to(device) if device.type != "cpu" else batch
-            logits = model(b.dense, b.sparse)
+            # ids stay on the host, where the tables are; the dense part runs on `device`
+            logits = model(batch.dense.to(device), batch.sparse)
             probs = torch.sigmoid(logits)
             if metrics is not None:
-                metrics.update(logits, b.labels)
+                metrics.update(logits, batch.labels.to(device))
             out.write(index, probs.cpu().numpy(), batch.labels.numpy() if source.labelled else None)
             scored += len(index)
             if source.unit == "row":

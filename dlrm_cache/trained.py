@@ -28,10 +28,12 @@ class FrozenTables(EmbeddingBackend):
     Pooling one row is that row, so the lookups equal every training placement's bit for bit.
     """
 
-    def __init__(self, tables: list[TableSpec], weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, tables: list[TableSpec], weights: dict[str, torch.Tensor],
+                 device: torch.device | str = "cpu") -> None:
         super().__init__(tables, SparseOptim("sgd"))
-        self.weights = [weights[f"{t.name}.weight"] for t in tables]
+        self.weights = [weights[f"{t.name}.weight"] for t in tables]  # on the host
         self.dim = tables[0].dim
+        self.device = torch.device(device)  # where the pooled rows go (the dense part's device)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         b, f = features.stride(), len(self.weights)
@@ -41,7 +43,7 @@ class FrozenTables(EmbeddingBackend):
                              f"for {b} samples of {f} features")
         ids = values.view(f, b).to("cpu", torch.long)
         rows = torch.cat([w.index_select(0, ids[j]) for j, w in enumerate(self.weights)], dim=1)
-        return pooled(features, rows.to(values.device), self.dim)
+        return pooled(features, rows.to(self.device), self.dim)
 
     def set_learning_rate(self, lr: float) -> None:
         raise RuntimeError("FrozenTables are read-only (inference)")
@@ -70,7 +72,7 @@ class Trained:
     def model(self, device: torch.device) -> DLRM:
         """The run's DLRM in eval mode, dense part on ``device``, tables on the host."""
         model = DLRM(
-            FrozenTables(self.tables(), self.weights()),
+            FrozenTables(self.tables(), self.weights(), device),
             num_dense=len(self.manifest.dense_names),
             embedding_dim=int(self.config["model.embedding_dim"]),
             bottom_mlp=list(self.config["model.bottom_mlp"]),

@@ -1,9 +1,8 @@
-"""Helpers of the predict/export/tensorboard tests (a module of its own: the launcher's spawned
-ranks import `_train_entry` by module name, which a conftest's would not resolve to)."""
+"""Helpers of the predict/export/tensorboard tests (a module of its own: test modules import it,
+and `import conftest` would not say which conftest)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ def compose_config(name: str, overrides: list[str]):
 
 
 def train_overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
-    # eval batches of 1000: the 2.1k-row test split is 3 batches, the last one partial
+    # eval batches of 1000: the 1715-row test split is 2 batches, the last one partial
     return [f"data.path={data}", f"run_dir={run_dir}", "device=cpu", "progress=false", "data.batch_size=256",
             "data.eval_batch_size=1000", "model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]",
             "max_steps=30", "log_every=10", "test=true", *extra]
@@ -35,8 +34,3 @@ def _train(overrides: list[str]) -> dict:
     from dlrm_cache.train.loop import train
 
     return train(compose_config("train", overrides))
-
-
-def _train_entry(overrides: list[str]) -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return _train(overrides)

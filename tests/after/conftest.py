@@ -1,18 +1,21 @@
 """Trained runs of the real synth -> preprocess dataset, shared by the predict/export/tensorboard tests.
 
-One host run and one freq_cache run (with ``logger.tensorboard=true``) in this process, a
-two-rank row-sharded run under torchrun's launcher (gloo); each with ``test=true``, so the test
-split's metrics the run reported are there to compare predict with.
+One host run and one freq_cache run (with ``logger.tensorboard=true``), each with ``test=true``,
+so the test split's metrics the run reported are there to compare predict with; and the host run's
+checkpoint in the layout of a two-rank row-sharded one.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
+import shutil
 from pathlib import Path
 
 import pytest
-from after_runs import Run, _train, _train_entry, train_overrides
+import torch
+from after_runs import Run, _train, train_overrides
+
+from dlrm_cache.train.checkpoint import Checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -31,16 +34,34 @@ def cached_run(processed_synth: Path, tmp_path_factory) -> Run:
 
 
 @pytest.fixture(scope="session")
-def two_rank_run(processed_synth: Path, tmp_path_factory) -> Run:
-    """Two ranks, every table over 20 rows split row-wise: the checkpoint holds row-range pieces."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+def row_sharded_run(host_run: Run, tmp_path_factory) -> Run:
+    """The host run's checkpoint laid out as two ranks write a row-sharded one: every table split
+    at half its rows into ``C3:0-k.weight`` (tables-rank0.pt) and ``C3:k-n.weight`` (tables-rank1.pt).
 
-    run = tmp_path_factory.mktemp("two") / "run"
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.1, start_method="spawn")
-    out = elastic_launch(config, _train_entry)(train_overrides(processed_synth, run, ["shard_rows_above=20"]))
-    return Run(run, out[0])
+    (A real two-rank run costs half a minute of process start-up here; tests/parallel shows that
+    such a run's checkpoint holds the one-rank tables, this the reading of its layout.)
+    """
+    src = host_run.path / "checkpoints" / "step_00000030"
+    run = tmp_path_factory.mktemp("sharded") / "run"
+    dst = run / "checkpoints" / src.name
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "meta.json").read_text())
+    whole = Checkpoint(src).tables(sorted(meta["tables"]))
+    pieces: list[dict[str, torch.Tensor]] = [{}, {}]
+    for key, tensor in whole.items():
+        table, field = key.split(".")
+        half = tensor.shape[0] // 2
+        pieces[0][f"{table}:0-{half}.{field}"] = tensor[:half].clone()
+        pieces[1][f"{table}:{half}-{tensor.shape[0]}.{field}"] = tensor[half:].clone()
+    (dst / "tables-rank0.pt").unlink()
+    meta["tables"], meta["world_size"] = {}, 2
+    for rank, part in enumerate(pieces):
+        name = f"tables-rank{rank}.pt"
+        torch.save(part, dst / name)
+        meta["tables"].update({k: name for k in part})
+        meta["files"][name] = (dst / name).stat().st_size
+    (dst / "meta.json").write_text(json.dumps(meta))
+    return Run(run, host_run.summary)
 
 
 @pytest.fixture(scope="session")
