@@ -46,25 +46,38 @@ def constructor_args(trained: Trained) -> dict[str, Any]:
         "over_arch_layer_sizes": [int(x) for x in trained.config["model.top_mlp"]] + [1],
         "embedding_bag_collection": {
             "tables": [
-                {"name": name, "embedding_dim": dim, "num_embeddings": rows, "feature_names": [name],
-                 "pooling": "SUM"}
+                {
+                    "name": name,
+                    "embedding_dim": dim,
+                    "num_embeddings": rows,
+                    "feature_names": [name],
+                    "pooling": "SUM",
+                }
                 for name, rows in zip(m.sparse_names, m.table_sizes)
             ],
         },
     }
 
 
-def build_torchrec_dlrm(args: dict[str, Any], device: torch.device | str = "cpu") -> torch.nn.Module:
-    """torchrec's DLRM from :func:`constructor_args`' dict (parameters uninitialized on ``meta``)."""
+def build_torchrec_dlrm(
+    args: dict[str, Any], device: torch.device | str = "cpu"
+) -> torch.nn.Module:
+    """torchrec's DLRM from :func:`constructor_args`' dict (on ``meta``: shapes, no memory)."""
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     device = torch.device(device)
-    tables = [EmbeddingBagConfig(name=t["name"], embedding_dim=t["embedding_dim"],
-                                 num_embeddings=t["num_embeddings"], feature_names=list(t["feature_names"]),
-                                 pooling=PoolingType[t["pooling"]])
-              for t in args["embedding_bag_collection"]["tables"]]
+    tables = [
+        EmbeddingBagConfig(
+            name=t["name"],
+            embedding_dim=t["embedding_dim"],
+            num_embeddings=t["num_embeddings"],
+            feature_names=list(t["feature_names"]),
+            pooling=PoolingType[t["pooling"]],
+        )
+        for t in args["embedding_bag_collection"]["tables"]
+    ]
     return DLRM(
         embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=device),
         dense_in_features=args["dense_in_features"],
@@ -76,21 +89,29 @@ def build_torchrec_dlrm(args: dict[str, Any], device: torch.device | str = "cpu"
 
 def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The checkpoint under the key names of torchrec's DLRM with ``args``, every key filled."""
-    ours = {k: v for k, v in trained.checkpoint.dense["model"].items() if not k.startswith("inter_arch.")}
+    ours = {
+        k: v
+        for k, v in trained.checkpoint.dense["model"].items()
+        if not k.startswith("inter_arch.")
+    }
     ours.update({_TABLES_PREFIX + k: v for k, v in trained.weights().items()})
     wanted = build_torchrec_dlrm(args, "meta").state_dict()
     out: dict[str, torch.Tensor] = {}
     for key, ref in wanted.items():
         if key in ours:
             value = ours.pop(key)
-        elif key.endswith("triu_indices"):  # InteractionArch's index buffer (persistent in some versions)
+        elif key.endswith(
+            "triu_indices"
+        ):  # InteractionArch's index buffer (persistent in some versions)
             n = len(args["embedding_bag_collection"]["tables"]) + 1
             value = torch.triu_indices(n, n, offset=1)
         else:
             raise ValueError(f"{trained.checkpoint.path}: has nothing for torchrec's {key}")
         if tuple(value.shape) != tuple(ref.shape):
-            raise ValueError(f"{trained.checkpoint.path}: {key} has shape {tuple(value.shape)}, "
-                             f"torchrec's DLRM wants {tuple(ref.shape)}")
+            raise ValueError(
+                f"{trained.checkpoint.path}: {key} has shape {tuple(value.shape)}, "
+                f"torchrec's DLRM wants {tuple(ref.shape)}"
+            )
         out[key] = value.detach().to("cpu", ref.dtype).contiguous().clone()
     if ours:
         raise ValueError(f"{trained.checkpoint.path}: torchrec's DLRM has no {sorted(ours)[0]}")
@@ -103,7 +124,9 @@ def export(cfg: Any) -> Path:
     trained = open_trained(str(cfg.checkpoint))
     out = Path(str(cfg.output)).expanduser().resolve()
     if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {STATE_DICT, ARGS}):
-        raise FileExistsError(f"output={out}: exists and is not an export directory; choose another output")
+        raise FileExistsError(
+            f"output={out}: exists and is not an export directory; choose another output"
+        )
     args = constructor_args(trained)
     meta = {
         "model": "torchrec.models.dlrm.DLRM",
@@ -112,7 +135,7 @@ def export(cfg: Any) -> Path:
             "dense_features": trained.manifest.dense_names,
             "dense_transform": "log(1 + max(x, 0)), an empty field as 0 (as dlrm-cache preprocess)",
             "sparse_features": trained.manifest.sparse_names,
-            "ids": "rows of the dataset's frequency ranking (dlrm-cache preprocess), one id per feature",
+            "ids": "rows of the dataset's frequency ranking (preprocess), one per feature",
             "dataset": str(trained.data_path),
             "stats_digest": trained.manifest.stats_digest,
             "hash_modulus": trained.manifest.hash_modulus,
@@ -126,7 +149,9 @@ def export(cfg: Any) -> Path:
     try:
         tmp.mkdir(parents=True)
     except OSError as e:
-        raise PermissionError(f"output={out}: cannot create files in {out.parent} ({e.strerror})") from None
+        raise PermissionError(
+            f"output={out}: cannot create files in {out.parent} ({e.strerror})"
+        ) from None
     try:
         torch.save(state, tmp / STATE_DICT)
         (tmp / ARGS).write_text(json.dumps(meta, indent=2))
@@ -135,13 +160,17 @@ def export(cfg: Any) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     size = (out / STATE_DICT).stat().st_size
-    print(f"export: {trained.checkpoint.path} (step {trained.checkpoint.step}) -> {out}/ "
-          f"({STATE_DICT}: {size / 2**20:,.1f} MiB, {ARGS})")
+    print(
+        f"export: {trained.checkpoint.path} (step {trained.checkpoint.step}) -> {out}/ "
+        f"({STATE_DICT}: {size / 2**20:,.1f} MiB, {ARGS})"
+    )
     return out
 
 
-def load_torchrec_dlrm(directory: str | os.PathLike, device: torch.device | str = "cpu") -> torch.nn.Module:
-    """torchrec's DLRM from an export directory, weights loaded with ``strict=True``, in eval mode."""
+def load_torchrec_dlrm(
+    directory: str | os.PathLike, device: torch.device | str = "cpu"
+) -> torch.nn.Module:
+    """torchrec's DLRM from an export directory, loaded with ``strict=True``, in eval mode."""
     d = Path(directory)
     args = json.loads((d / ARGS).read_text())["args"]
     model = build_torchrec_dlrm(args, "meta")

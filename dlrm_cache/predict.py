@@ -1,4 +1,4 @@
-"""`dlrm-cache predict`: click probabilities of a trained run for raw Criteo lines or a processed split.
+"""`dlrm-cache predict`: click probabilities of a trained run, for raw Criteo lines or a split.
 
 Streaming: raw text is parsed ``chunk_bytes`` at a time on a background thread (as `preprocess`
 reads it, see :mod:`dlrm_cache.rawinput`), a processed split is read shard by shard as training's
@@ -65,16 +65,29 @@ def predict(cfg: Any) -> dict[str, Any]:
     else:
         trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
     batch_size = int(cfg.batch_size) or int(trained.config.get("data.eval_batch_size", 8192))
-    source = split_source(trained, inp, str(cfg.split), batch_size) if is_dataset \
+    source = (
+        split_source(trained, inp, str(cfg.split), batch_size)
+        if is_dataset
         else raw_source(cfg, trained, inp, batch_size)
+    )
     model = trained.model(device)
 
     metrics = EvalMetrics(device) if source.labelled else None
     scored, t0 = 0, time.perf_counter()
-    bar = tqdm(total=source.total, unit=source.unit, unit_scale=True, desc="predict",
-               disable=not cfg.progress, dynamic_ncols=True)
-    with bar, PredictionWriter(output, fmt, source.index_name, source.labelled) as out, torch.no_grad(), \
-            _background(source.batches(lambda n: bar.update(n - bar.n))) as batches:
+    bar = tqdm(
+        total=source.total,
+        unit=source.unit,
+        unit_scale=True,
+        desc="predict",
+        disable=not cfg.progress,
+        dynamic_ncols=True,
+    )
+    with (
+        bar,
+        PredictionWriter(output, fmt, source.index_name, source.labelled) as out,
+        torch.no_grad(),
+        _background(source.batches(lambda n: bar.update(n - bar.n))) as batches,
+    ):
         for index, batch in batches:
             # ids stay on the host, where the tables are; the dense part runs on `device`
             logits = model(batch.dense.to(device), batch.sparse)
@@ -89,16 +102,30 @@ def predict(cfg: Any) -> dict[str, Any]:
     return _report(cfg, trained, source, output, scored, seconds, metrics)
 
 
-def _report(cfg: Any, trained: Trained, source: Source, output: Path, scored: int, seconds: float,
-            metrics: EvalMetrics | None) -> dict[str, Any]:
+def _report(
+    cfg: Any,
+    trained: Trained,
+    source: Source,
+    output: Path,
+    scored: int,
+    seconds: float,
+    metrics: EvalMetrics | None,
+) -> dict[str, Any]:
     if source.bad is not None:
         for msg in source.bad.reports:
             print(f"predict: skipped {msg}")
         if source.bad.counts:
-            print(f"predict: skipped {sum(source.bad.counts.values())} malformed lines: {source.bad.counts}")
-    summary: dict[str, Any] = {"checkpoint": str(trained.checkpoint.path), "step": trained.checkpoint.step,
-                               "scored": scored, "seconds": round(seconds, 3),
-                               f"{source.index_name}s_per_s": scored / seconds if seconds > 0 else float("nan")}
+            print(
+                f"predict: skipped {sum(source.bad.counts.values())} malformed lines: "
+                f"{source.bad.counts}"
+            )
+    summary: dict[str, Any] = {
+        "checkpoint": str(trained.checkpoint.path),
+        "step": trained.checkpoint.step,
+        "scored": scored,
+        "seconds": round(seconds, 3),
+        f"{source.index_name}s_per_s": scored / seconds if seconds > 0 else float("nan"),
+    }
     if source.bad is not None:
         summary["skipped"] = sum(source.bad.counts.values())
     if metrics is not None:
@@ -110,12 +137,16 @@ def _report(cfg: Any, trained: Trained, source: Source, output: Path, scored: in
 
 # ---------------------------------------------------------------------------------------- inputs
 def split_source(trained: Trained, root: Path, split: str, batch_size: int) -> Source:
-    """A split of the dataset the run was trained on, in shard order (training's evaluation order)."""
+    """A split of the dataset the run was trained on, in shard order (as training evaluates it)."""
     manifest: Manifest = trained.manifest
     if split not in manifest.splits:
-        raise ValueError(f"split={split}: {root} has no such split (has {', '.join(manifest.splits)})")
+        raise ValueError(
+            f"split={split}: {root} has no such split (has {', '.join(manifest.splits)})"
+        )
     manifest.check_shards(root, [split])
-    stream = ShardStream(root, manifest, split, batch_size, shuffle=False, drop_last=False, key="batch_size")
+    stream = ShardStream(
+        root, manifest, split, batch_size, shuffle=False, drop_last=False, key="batch_size"
+    )
 
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
         at = 0
@@ -131,8 +162,10 @@ def raw_source(cfg: Any, trained: Trained, path: Path, batch_size: int) -> Sourc
     if not path.exists():
         raise FileNotFoundError(f"input={path}: no such file or processed dataset directory")
     if not path.is_file():
-        raise ValueError(f"input={path}: neither a raw Criteo text file nor a processed dataset "
-                         f"(a directory with {MANIFEST})")
+        raise ValueError(
+            f"input={path}: neither a raw Criteo text file nor a processed dataset "
+            f"(a directory with {MANIFEST})"
+        )
     width = detect_width(path)
     mapper = IdMapper(trained.data_path, trained.manifest)
     bad = new_bad_line_log(str(cfg.bad_lines), int(cfg.bad_line_reports))
@@ -169,18 +202,29 @@ def _join(parts: list[Rows]) -> Rows:
     if len(parts) == 1:
         return parts[0]
     labels = None if parts[0].labels is None else np.concatenate([p.labels for p in parts])
-    return Rows(np.concatenate([p.lines for p in parts]), labels,
-                np.concatenate([p.dense for p in parts], axis=1), np.concatenate([p.ids for p in parts], axis=1))
+    return Rows(
+        np.concatenate([p.lines for p in parts]),
+        labels,
+        np.concatenate([p.dense for p in parts], axis=1),
+        np.concatenate([p.ids for p in parts], axis=1),
+    )
 
 
 def _slice(r: Rows, lo: int, hi: int) -> Rows:
-    return Rows(r.lines[lo:hi], None if r.labels is None else r.labels[lo:hi], r.dense[:, lo:hi], r.ids[:, lo:hi])
+    return Rows(
+        r.lines[lo:hi],
+        None if r.labels is None else r.labels[lo:hi],
+        r.dense[:, lo:hi],
+        r.ids[:, lo:hi],
+    )
 
 
 def _batch(r: Rows, lo: int, hi: int, layout: OneIdPerSample) -> Indexed:
     dense = torch.from_numpy(np.ascontiguousarray(r.dense[:, lo:hi].T))
     ids = torch.from_numpy(np.ascontiguousarray(r.ids[:, lo:hi]))
-    labels = torch.from_numpy(r.labels[lo:hi].copy()) if r.labels is not None else torch.zeros(hi - lo)
+    labels = (
+        torch.from_numpy(r.labels[lo:hi].copy()) if r.labels is not None else torch.zeros(hi - lo)
+    )
     return r.lines[lo:hi], layout.batch(dense, ids, labels)
 
 
@@ -219,7 +263,9 @@ class PredictionWriter:
         try:
             f = self._stack.enter_context(atomic_file(self.path, "wb"))
         except OSError as e:
-            raise WriteError(f"output={self.path}: cannot write there ({e.strerror or e})") from None
+            raise WriteError(
+                f"output={self.path}: cannot write there ({e.strerror or e})"
+            ) from None
         if self.fmt == "csv":
             import pyarrow.csv as pacsv
 
@@ -237,7 +283,9 @@ class PredictionWriter:
         try:
             self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
         except OSError as e:
-            raise WriteError(f"output={self.path}: write failed ({e.strerror or e}); nothing was kept") from None
+            raise WriteError(
+                f"output={self.path}: write failed ({e.strerror or e}); nothing was kept"
+            ) from None
 
     def __exit__(self, exc_type, exc, tb) -> None:
         failure = None
@@ -245,7 +293,9 @@ class PredictionWriter:
             try:
                 self._writer.close()  # the parquet footer
             except OSError as e:
-                failure = WriteError(f"output={self.path}: write failed ({e.strerror or e}); nothing was kept")
+                failure = WriteError(
+                    f"output={self.path}: write failed ({e.strerror or e}); nothing was kept"
+                )
         if exc is None and failure is not None:
             self._stack.__exit__(WriteError, failure, None)  # removes the temporary file
             raise failure

@@ -8,10 +8,10 @@ checks every CRC), so the only cost of the option is this module: no new depende
 
 :class:`TensorBoardLog` turns every record train writes to metrics.jsonl into scalars at its
 ``step``: ``<kind>/<field>`` for each number (``train/loss``, ``train/samples_per_s``,
-``train/hit_rate``, ``train/bytes_loaded``, ``first_step/startup_s``, ...), ``<split>/<field>`` for
-evaluations (``val/auc``, ``test/logloss``).  Values are float32 in the file; metrics.jsonl stays the
-source of truth.  Each record is flushed as it is written, so ``tensorboard --logdir runs/`` shows a
-run live.
+``train/hit_rate``, ``train/bytes_loaded``, ``first_step/startup_s``, ...), ``<split>/<field>``
+for evaluations (``val/auc``, ``test/logloss``).  Values are float32 in the file; metrics.jsonl
+stays the source of truth.  Each record is flushed as it is written, so
+``tensorboard --logdir runs/`` shows a run live.
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ def masked_crc32c(data: bytes) -> int:
 
 def tfrecord(data: bytes) -> bytes:
     length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+    return (
+        length
+        + struct.pack("<I", masked_crc32c(length))
+        + data
+        + struct.pack("<I", masked_crc32c(data))
+    )
 
 
 # ------------------------------------------------------------------------------------ protobuf
@@ -86,8 +91,13 @@ def scalar_value(tag: str, value: float) -> bytes:
     return _bytes_field(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value)
 
 
-def event(wall_time: float, step: int, *, file_version: str | None = None,
-          scalars: list[tuple[str, float]] | None = None) -> bytes:
+def event(
+    wall_time: float,
+    step: int,
+    *,
+    file_version: str | None = None,
+    scalars: list[tuple[str, float]] | None = None,
+) -> bytes:
     """Event {wall_time = 1 (double); step = 2; file_version = 3 | summary = 5 {value = 1 ...}}."""
     out = _varint(1 << 3 | 1) + struct.pack("<d", wall_time) + _varint(2 << 3 | 0) + _varint(step)
     if file_version is not None:
@@ -99,10 +109,13 @@ def event(wall_time: float, step: int, *, file_version: str | None = None,
 
 # ------------------------------------------------------------------------------------ writing
 def record_scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
-    """The numbers of one metrics.jsonl record as (tag, value); strings, lists and dicts are left out."""
+    """The numbers of a metrics.jsonl record as (tag, value); strings, lists, dicts are left out."""
     prefix = str(record["split"]) if "split" in record else str(record.get("kind", "record"))
-    return [(f"{prefix}/{k}", float(v)) for k, v in record.items()
-            if k not in _SKIP_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [
+        (f"{prefix}/{k}", float(v))
+        for k, v in record.items()
+        if k not in _SKIP_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
 
 
 class TensorBoardLog:
@@ -110,7 +123,8 @@ class TensorBoardLog:
     TensorBoard reads them all)."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.dlrm-cache"
+        stamp = f"{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        name = f"events.out.tfevents.{stamp}.dlrm-cache"
         self.path = Path(directory) / name
         self._append(tfrecord(event(time.time(), 0, file_version=FILE_VERSION)))
 
@@ -127,7 +141,8 @@ class TensorBoardLog:
 
 def attach(log: Any, enabled: bool, run_dir: str | os.PathLike) -> None:
     """With ``enabled`` (``logger.tensorboard``), mirror every record ``log`` (train's metrics.jsonl
-    writer) writes from now on into TensorBoard scalars beside it; only where ``log`` writes (rank 0)."""
+    writer) writes from now on into TensorBoard scalars beside it, only where ``log`` writes
+    (rank 0)."""
     if enabled and log.enabled:
         log.sinks.append(TensorBoardLog(run_dir))
 
@@ -153,7 +168,11 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
         (head_crc,) = struct.unpack("<I", data[at + 8 : at + 12])
         body = data[at + 12 : at + 12 + length]
         tail = data[at + 12 + length : at + 16 + length]
-        if head_crc != masked_crc32c(head) or len(tail) != 4 or struct.unpack("<I", tail)[0] != masked_crc32c(body):
+        if (
+            head_crc != masked_crc32c(head)
+            or len(tail) != 4
+            or struct.unpack("<I", tail)[0] != masked_crc32c(body)
+        ):
             raise ValueError(f"{path}: bad record at byte {at} (CRC mismatch or cut short)")
         yield body
         at += 16 + length
@@ -208,5 +227,7 @@ def read_scalars(path: str | os.PathLike) -> list[Scalar]:
             raise ValueError(f"{path}: first record is not file_version {FILE_VERSION!r}")
         for v in values:
             fields = {n: x for n, _, x in _fields(v)}
-            out.append(Scalar(wall_time, step, fields[1].decode(), struct.unpack("<f", fields[2])[0]))
+            out.append(
+                Scalar(wall_time, step, fields[1].decode(), struct.unpack("<f", fields[2])[0])
+            )
     return out

@@ -28,8 +28,12 @@ class FrozenTables(EmbeddingBackend):
     Pooling one row is that row, so the lookups equal every training placement's bit for bit.
     """
 
-    def __init__(self, tables: list[TableSpec], weights: dict[str, torch.Tensor],
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        weights: dict[str, torch.Tensor],
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__(tables, SparseOptim("sgd"))
         self.weights = [weights[f"{t.name}.weight"] for t in tables]  # on the host
         self.dim = tables[0].dim
@@ -39,8 +43,10 @@ class FrozenTables(EmbeddingBackend):
         b, f = features.stride(), len(self.weights)
         values = features.values()
         if values.numel() != b * f:
-            raise ValueError(f"FrozenTables takes one id per sample and feature, got {values.numel()} ids "
-                             f"for {b} samples of {f} features")
+            raise ValueError(
+                f"FrozenTables takes one id per sample and feature, got {values.numel()} ids "
+                f"for {b} samples of {f} features"
+            )
         ids = values.view(f, b).to("cpu", torch.long)
         rows = torch.cat([w.index_select(0, ids[j]) for j, w in enumerate(self.weights)], dim=1)
         return pooled(features, rows.to(self.device), self.dim)
@@ -63,7 +69,10 @@ class Trained:
 
     def tables(self) -> list[TableSpec]:
         dim = int(self.config["model.embedding_dim"])
-        return [TableSpec(n, rows, dim) for n, rows in zip(self.manifest.sparse_names, self.manifest.table_sizes)]
+        return [
+            TableSpec(n, rows, dim)
+            for n, rows in zip(self.manifest.sparse_names, self.manifest.table_sizes)
+        ]
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Full tables (memory-mapped where the checkpoint stores them whole)."""
@@ -85,7 +94,8 @@ class Trained:
 
 
 def open_trained(checkpoint: str, data: str | None = None, data_key: str = "dataset") -> Trained:
-    """The checkpoint ``checkpoint`` names (a run directory: its newest complete one) and its dataset.
+    """The checkpoint ``checkpoint`` names (a run directory: its newest complete one), and the
+    dataset it was trained on.
 
     ``data`` (default: the run's ``data.path``; ``data_key``: the option that named it, for
     messages) must be the dataset the checkpoint was trained on: the same statistics, table sizes
@@ -94,22 +104,38 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
     try:
         path = find_checkpoint(checkpoint)
     except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint={checkpoint}: no checkpoint there (a directory with meta.json), "
-                                "nor a run directory with a complete one") from None
+        raise FileNotFoundError(
+            f"checkpoint={checkpoint}: no checkpoint there (a directory with meta.json), "
+            "nor a run directory with a complete one"
+        ) from None
     ckpt = Checkpoint(path)
     config = flatten(ckpt.config)
-    missing = [k for k in ("model.embedding_dim", "model.bottom_mlp", "model.top_mlp", "data.path") if k not in config]
+    missing = [
+        k
+        for k in ("model.embedding_dim", "model.bottom_mlp", "model.top_mlp", "data.path")
+        if k not in config
+    ]
     if missing or "model" not in ckpt.dense:
-        raise ValueError(f"{path}: not a dlrm-cache training checkpoint (no {missing[0] if missing else 'model'})")
+        raise ValueError(
+            f"{path}: not a dlrm-cache training checkpoint "
+            f"(no {missing[0] if missing else 'model'})"
+        )
     data_path = Path(data if data is not None else str(config["data.path"])).expanduser()
-    named = f"{data_key}={data}" if data is not None else f"the run's data.path={config['data.path']}"
+    named = (
+        f"{data_key}={data}" if data is not None else f"the run's data.path={config['data.path']}"
+    )
     manifest = Manifest.load(data_path, key=data_key)
     trained_on = flatten(ckpt.meta.get("dataset", {}))
     here = flatten(manifest.identity())
     if not trained_on:
-        raise ValueError(f"{path / 'meta.json'}: records no dataset identity; not a dlrm-cache training checkpoint")
+        raise ValueError(
+            f"{path / 'meta.json'}: records no dataset identity; "
+            "not a dlrm-cache training checkpoint"
+        )
     diff = [k for k in here if trained_on.get(k) != here[k]]
     if diff:
-        raise ValueError(f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "
-                         f"differ); point {data_key}= at the dataset the run was trained on")
+        raise ValueError(
+            f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "
+            f"differ); point {data_key}= at the dataset the run was trained on"
+        )
     return Trained(ckpt, config, data_path, manifest)

@@ -39,32 +39,69 @@ def prepare(work: Path, lines: int, model: list[str]) -> tuple[Path, Path]:
     run(["synth", f"output={raw}", f"lines={lines}", "progress=false"])
     run(["preprocess", f"input={raw}", f"output={work / 'processed'}", "progress=false"])
     if not (work / "run" / "checkpoints").is_dir():
-        run(["train", f"data.path={work / 'processed'}", f"hydra.run.dir={work / 'run'}", "device=cpu",
-             "progress=false", "max_steps=20", *model])
+        run(
+            [
+                "train",
+                f"data.path={work / 'processed'}",
+                f"hydra.run.dir={work / 'run'}",
+                "device=cpu",
+                "progress=false",
+                "max_steps=20",
+                *model,
+            ]
+        )
     return raw / "day_0", work / "run"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", default="bench-predict", help="working directory (reused between calls)")
+    ap.add_argument(
+        "--work", default="bench-predict", help="working directory (reused between calls)"
+    )
     ap.add_argument("--lines", type=int, default=500_000)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("model", nargs="*", help="train overrides, e.g. model.bottom_mlp=[64] model.top_mlp=[64]")
+    ap.add_argument(
+        "model", nargs="*", help="train overrides, e.g. model.bottom_mlp=[64] model.top_mlp=[64]"
+    )
     a = ap.parse_args()
     work = Path(a.work).resolve()
     raw, run_dir = prepare(work, a.lines, a.model)
     rows: dict[str, list[tuple[float, float]]] = {"preprocess": [], "predict": []}
     for _ in range(a.repeats):
-        out, wall = run(["preprocess", f"input={raw}", f"output={work / 'bench-processed'}", "overwrite=true",
-                         "progress=false"])
-        rows["preprocess"].append((float(re.search(r"\(([\d,]+) lines/s\)", out)[1].replace(",", "")), wall))
-        out, wall = run(["predict", f"checkpoint={run_dir}", f"input={raw}", f"output={work / 'pred.parquet'}",
-                         "progress=false"])
-        rows["predict"].append((float(re.search(r"lines_per_s\s*\|\s*([\d,]+)", out)[1].replace(",", "")), wall))
-    result = {"lines": a.lines, "model": a.model or ["default"], "runs": rows,
-              **{f"{k}_median_lines_per_s": statistics.median(r[0] for r in v) for k, v in rows.items()},
-              **{f"{k}_median_wall_s": statistics.median(r[1] for r in v) for k, v in rows.items()}}
-    result["predict_over_preprocess"] = result["predict_median_lines_per_s"] / result["preprocess_median_lines_per_s"]
+        out, wall = run(
+            [
+                "preprocess",
+                f"input={raw}",
+                f"output={work / 'bench-processed'}",
+                "overwrite=true",
+                "progress=false",
+            ]
+        )
+        rows["preprocess"].append(
+            (float(re.search(r"\(([\d,]+) lines/s\)", out)[1].replace(",", "")), wall)
+        )
+        out, wall = run(
+            [
+                "predict",
+                f"checkpoint={run_dir}",
+                f"input={raw}",
+                f"output={work / 'pred.parquet'}",
+                "progress=false",
+            ]
+        )
+        rows["predict"].append(
+            (float(re.search(r"lines_per_s\s*\|\s*([\d,]+)", out)[1].replace(",", "")), wall)
+        )
+    result = {
+        "lines": a.lines,
+        "model": a.model or ["default"],
+        "runs": rows,
+        **{f"{k}_median_lines_per_s": statistics.median(r[0] for r in v) for k, v in rows.items()},
+        **{f"{k}_median_wall_s": statistics.median(r[1] for r in v) for k, v in rows.items()},
+    }
+    result["predict_over_preprocess"] = (
+        result["predict_median_lines_per_s"] / result["preprocess_median_lines_per_s"]
+    )
     print(json.dumps(result, indent=2))
 
 

@@ -25,9 +25,21 @@ def compose_config(name: str, overrides: list[str]):
 
 def train_overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
     # eval batches of 1000: the 1715-row test split is 2 batches, the last one partial
-    return [f"data.path={data}", f"run_dir={run_dir}", "device=cpu", "progress=false", "data.batch_size=256",
-            "data.eval_batch_size=1000", "model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]",
-            "max_steps=30", "log_every=10", "test=true", *extra]
+    return [
+        f"data.path={data}",
+        f"run_dir={run_dir}",
+        "device=cpu",
+        "progress=false",
+        "data.batch_size=256",
+        "data.eval_batch_size=1000",
+        "model.embedding_dim=8",
+        "model.bottom_mlp=[16]",
+        "model.top_mlp=[16]",
+        "max_steps=30",
+        "log_every=10",
+        "test=true",
+        *extra,
+    ]
 
 
 def _train(overrides: list[str]) -> dict:

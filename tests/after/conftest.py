@@ -1,4 +1,5 @@
-"""Trained runs of the real synth -> preprocess dataset, shared by the predict/export/tensorboard tests.
+"""Trained runs of the real synth -> preprocess dataset, shared by the predict, export and
+tensorboard tests.
 
 One host run and one freq_cache run (with ``logger.tensorboard=true``), each with ``test=true``,
 so the test split's metrics the run reported are there to compare predict with; and the host run's
@@ -26,17 +27,23 @@ def host_run(processed_synth: Path, tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="session")
 def cached_run(processed_synth: Path, tmp_path_factory) -> Run:
-    """freq_cache (a small cache, rows moving) with live TensorBoard scalars and a mid-run evaluation."""
+    """freq_cache (a small cache, rows moving), live TensorBoard scalars, a mid-run evaluation."""
     run = tmp_path_factory.mktemp("cached") / "run"
-    extra = ["embedding=freq_cache", "embedding.cache_ratio=0.05", "embedding.lookahead=2", "eval_every=20",
-             "logger.tensorboard=true"]
+    extra = [
+        "embedding=freq_cache",
+        "embedding.cache_ratio=0.05",
+        "embedding.lookahead=2",
+        "eval_every=20",
+        "logger.tensorboard=true",
+    ]
     return Run(run, _train(train_overrides(processed_synth, run, extra)))
 
 
 @pytest.fixture(scope="session")
 def row_sharded_run(host_run: Run, tmp_path_factory) -> Run:
     """The host run's checkpoint laid out as two ranks write a row-sharded one: every table split
-    at half its rows into ``C3:0-k.weight`` (tables-rank0.pt) and ``C3:k-n.weight`` (tables-rank1.pt).
+    at half its rows into ``C3:0-k.weight`` (tables-rank0.pt) and ``C3:k-n.weight``
+    (tables-rank1.pt).
 
     (A real two-rank run costs half a minute of process start-up here; tests/parallel shows that
     such a run's checkpoint holds the one-rank tables, this the reading of its layout.)
@@ -66,7 +73,7 @@ def row_sharded_run(host_run: Run, tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="session")
 def raw_test_lines(processed_synth: Path) -> list[bytes]:
-    """The raw lines that became the processed test split (bad ones included), from the synth file."""
+    """The raw lines that became the processed test split, from the synth file."""
     manifest = json.loads((processed_synth / "manifest.json").read_text())
     (source,) = manifest["sources"]
     lo, hi = manifest["split_spec"]["lines"]["test"]

@@ -30,28 +30,58 @@ def run_export(capsys, *overrides: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_torchrec_dlrm_reproduces_predict(capsys, cached_run, processed_synth: Path, tmp_path: Path):
+def test_torchrec_dlrm_reproduces_predict(
+    capsys, cached_run, processed_synth: Path, tmp_path: Path
+):
     out = tmp_path / "exported"
     code, stdout, err = run_export(capsys, f"checkpoint={cached_run.path}", f"output={out}")
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["dlrm.json", "state_dict.pt"]
     # torchrec's model from the JSON alone (not through dlrm_cache.export's own builder)
     args = json.loads((out / "dlrm.json").read_text())["args"]
-    tables = [EmbeddingBagConfig(name=t["name"], embedding_dim=t["embedding_dim"], num_embeddings=t["num_embeddings"],
-                                 feature_names=t["feature_names"]) for t in args["embedding_bag_collection"]["tables"]]
-    model = DLRM(EmbeddingBagCollection(tables=tables, device=torch.device("cpu")), args["dense_in_features"],
-                 args["dense_arch_layer_sizes"], args["over_arch_layer_sizes"])
+    tables = [
+        EmbeddingBagConfig(
+            name=t["name"],
+            embedding_dim=t["embedding_dim"],
+            num_embeddings=t["num_embeddings"],
+            feature_names=t["feature_names"],
+        )
+        for t in args["embedding_bag_collection"]["tables"]
+    ]
+    model = DLRM(
+        EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+        args["dense_in_features"],
+        args["dense_arch_layer_sizes"],
+        args["over_arch_layer_sizes"],
+    )
     model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True), strict=True)
     model.eval()
 
     predicted = tmp_path / "p.parquet"
-    predict(compose_config("predict", ["progress=false", f"checkpoint={cached_run.path}",
-                                       f"input={processed_synth}", f"output={predicted}"]))
+    predict(
+        compose_config(
+            "predict",
+            [
+                "progress=false",
+                f"checkpoint={cached_run.path}",
+                f"input={processed_synth}",
+                f"output={predicted}",
+            ],
+        )
+    )
     expected = pd.read_parquet(predicted)["probability"].to_numpy()
-    stream = ShardStream(processed_synth, Manifest.load(processed_synth), "test", 1000, shuffle=False,
-                         drop_last=False)
+    stream = ShardStream(
+        processed_synth,
+        Manifest.load(processed_synth),
+        "test",
+        1000,
+        shuffle=False,
+        drop_last=False,
+    )
     with torch.no_grad():
-        probs = torch.cat([torch.sigmoid(model(b.dense, b.sparse)).squeeze(-1) for b in stream.batches()])
+        probs = torch.cat(
+            [torch.sigmoid(model(b.dense, b.sparse)).squeeze(-1) for b in stream.batches()]
+        )
     np.testing.assert_allclose(probs.numpy(), expected, rtol=0, atol=1e-6)
 
 
@@ -59,8 +89,14 @@ def test_export_bad_input(capsys, host_run, tmp_path: Path):
     (tmp_path / "not_ours").mkdir()
     (tmp_path / "not_ours" / "notes.txt").write_text("x")
     cases = [
-        ([f"checkpoint={tmp_path}", f"output={tmp_path / 'e'}"], f"checkpoint={tmp_path}: no checkpoint there"),
-        ([f"checkpoint={host_run.path}", f"output={tmp_path / 'not_ours'}"], "is not an export directory"),
+        (
+            [f"checkpoint={tmp_path}", f"output={tmp_path / 'e'}"],
+            f"checkpoint={tmp_path}: no checkpoint there",
+        ),
+        (
+            [f"checkpoint={host_run.path}", f"output={tmp_path / 'not_ours'}"],
+            "is not an export directory",
+        ),
         ([f"checkpoint={host_run.path}"], "output: required"),
     ]
     for overrides, message in cases:

@@ -21,16 +21,26 @@ def test_crc32c_known_values():
 def test_event_file_mirrors_metrics_jsonl(cached_run):
     (events,) = cached_run.path.glob("events.out.tfevents.*")
     got = {(s.step, s.tag): s.value for s in read_scalars(events)}
-    records = [json.loads(line) for line in (cached_run.path / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (cached_run.path / "metrics.jsonl").read_text().splitlines()
+    ]
     want = {}
     for r in records:
         for tag, value in record_scalars(r):
             want[(r.get("step", r.get("steps", 0)), tag)] = float(np.float32(value))
     assert got == want
     tags = {tag for _, tag in got}
-    # what the issue asks to watch live: loss, samples/s, evaluation, the cache's hit rate and bytes moved
-    assert {"train/loss", "train/samples_per_s", "val/auc", "val/logloss", "test/auc", "train/hit_rate",
-            "train/bytes_loaded", "train/bytes_written_back"} <= tags
+    # what the issue asks to watch live: loss, samples/s, evaluation, cache hit rate, bytes moved
+    assert {
+        "train/loss",
+        "train/samples_per_s",
+        "val/auc",
+        "val/logloss",
+        "test/auc",
+        "train/hit_rate",
+        "train/bytes_loaded",
+        "train/bytes_written_back",
+    } <= tags
     assert [s for s, t in got if t == "train/loss"] == [10, 20, 30]
     assert [s for s, t in got if t == "val/auc"] == [20, 30]
 
@@ -51,6 +61,12 @@ def test_tensorboard_reads_it(cached_run):
     acc = accumulator.EventAccumulator(str(cached_run.path))
     acc.Reload()
     loss = [(e.step, e.value) for e in acc.Scalars("train/loss")]
-    records = [json.loads(line) for line in (cached_run.path / "metrics.jsonl").read_text().splitlines()]
-    assert loss == [(r["step"], float(np.float32(r["loss"]))) for r in records if r["kind"] == "train"]
-    assert acc.Scalars("test/auc")[0].value == pytest.approx(cached_run.summary["test_auc"], rel=1e-6)
+    records = [
+        json.loads(line) for line in (cached_run.path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert loss == [
+        (r["step"], float(np.float32(r["loss"]))) for r in records if r["kind"] == "train"
+    ]
+    assert acc.Scalars("test/auc")[0].value == pytest.approx(
+        cached_run.summary["test_auc"], rel=1e-6
+    )
