@@ -95,6 +95,18 @@ def _verify(cfg: DictConfig, paths: tuple[str, ...] = ()) -> None:
     verify(cfg)
 
 
+def _predict(cfg: DictConfig) -> None:
+    from .predict import predict
+
+    predict(cfg)
+
+
+def _export(cfg: DictConfig) -> None:
+    from .export import export
+
+    export(cfg)
+
+
 # command -> (config name, function, one-line help)
 COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "synth": ("synth", _synth, "write Criteo-format lines from a planted model (and its oracle AUC)"),
@@ -104,6 +116,8 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "bench": ("bench", _bench, "embedding-layer and training-step benchmarks"),
     "report": ("report", _report, "plots + a markdown summary of run directories or a -m sweep directory"),
     "verify": ("verify", _verify, "read every shard of a processed dataset and check it against its manifest"),
+    "predict": ("predict", _predict, "click probabilities of a trained run for raw Criteo lines or a split"),
+    "export": ("export", _export, "a trained run as a torchrec DLRM state dict + constructor arguments"),
 }
 
 

@@ -136,6 +136,13 @@ def backend_target(name: str) -> str:
 
 # --------------------------------------------------------------------------- commands
 @dataclass
+class LoggerConfig:
+    """Live views of the records train writes to metrics.jsonl (which stays the source of truth)."""
+
+    tensorboard: bool = False  # every record's numbers also as TensorBoard scalars in the run dir (rank 0)
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -166,6 +173,7 @@ class TrainConfig:
     dist_timeout_s: float = checked(300.0, gt=0)
     precision: Precision = Precision.fp32  # fp32 | tf32 | bf16: the dense part's arithmetic
     compile: bool = False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 @dataclass

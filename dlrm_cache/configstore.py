@@ -23,6 +23,7 @@ from .config import (
     ReportConfig,
     TrainConfig,
 )
+from .after_config import ExportConfig, PredictConfig
 from .data.config import PreprocessConfig, SynthConfig
 from .verify import VerifyConfig
 
@@ -96,6 +97,8 @@ def register_configs() -> None:
         ("model_schema", ModelConfig),
         ("optim_schema", OptimConfig),
         ("verify_schema", VerifyConfig),
+        ("predict_schema", PredictConfig),
+        ("export_schema", ExportConfig),
     ]:
         cs.store(name=name, node=node)
     for backend, schema in EMBEDDING_SCHEMAS.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Final
 
 from .data.format import atomic_write_text, to_json
@@ -41,6 +42,7 @@ class JsonlLog:
     def __init__(self, path: Path, enabled: bool = True, keep: int | None = None) -> None:
         self.path = path
         self.enabled = enabled
+        self.sinks: list[Callable[[dict], None]] = []  # also handed every record written (TensorBoard)
         self.t0 = time.time()
         self.records = 0
         if enabled and path.exists():
@@ -58,6 +60,8 @@ class JsonlLog:
         with open(self.path, "a") as f:
             f.write(to_json(record, default=_plain) + "\n")
         self.records += 1
+        for sink in self.sinks:
+            sink(record)
 
 
 def _plain(x: Any) -> Any:

@@ -206,6 +206,9 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         total_steps = min(total_steps, cfg.max_steps)
     log = open_log(run_dir, enabled=info.is_main,
                    keep=ckpt.log_records(run_dir) if ckpt is not None else None)
+    from ..tensorboard import attach as attach_tensorboard
+
+    attach_tensorboard(log, cfg.logger.tensorboard, run_dir)
     return TrainingRun(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
                total_steps, log, ckpt)
 

@@ -1,0 +1,72 @@
+"""Config schemas of the commands that use a trained run: `dlrm-cache predict` and `export`.
+
+Kept apart from :mod:`dlrm_cache.config` (and free of torch imports, so registering them costs the
+dispatcher nothing); ``configs/predict.yaml`` and ``configs/export.yaml`` name these schemas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .config import DEVICE
+from .data.config import BadLines, PreprocessConfig
+from .ranges import Choice, checked
+
+
+class OutputFormat(Choice):
+    auto = "auto"  # by the output's extension: .csv -> csv, anything else -> parquet
+    parquet = "parquet"
+    csv = "csv"
+
+
+@dataclass
+class PredictConfig:
+    """`dlrm-cache predict`: click probabilities of a trained model for new lines."""
+
+    # a run directory (its newest complete checkpoint) or one checkpoint (checkpoints/step_N)
+    checkpoint: str = MISSING
+    # raw Criteo text (plain or .gz; 40 fields with the label, or 39 without it like Kaggle's
+    # test.txt), or a processed dataset directory (then `split` names the split to score)
+    input: str = MISSING
+    split: str = "test"  # input is a processed dataset: train | val | test
+    output: str = MISSING  # predictions file, replaced atomically
+    format: OutputFormat = OutputFormat.auto
+    # raw input: the processed dataset the checkpoint was trained on (its stats map raw ids to
+    # rows); null: the run's data.path
+    dataset: Optional[str] = None
+    batch_size: int = checked(
+        0, ge=0
+    )  # 0: the run's data.eval_batch_size (what `train test=true` used)
+    bad_lines: BadLines = BadLines.skip  # as preprocess: skip (count, report a few) | fail
+    bad_line_reports: int = checked(PreprocessConfig.bad_line_reports, ge=0)
+    chunk_bytes: int = checked(
+        PreprocessConfig.chunk_bytes, ge=1
+    )  # raw bytes parsed at a time (memory ~ 10x)
+    device: str = checked("cpu", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
+    progress: bool = True
+
+
+@dataclass
+class ExportConfig:
+    """`dlrm-cache export`: a checkpoint as a torchrec DLRM state dict + constructor arguments."""
+
+    checkpoint: str = (
+        MISSING  # a run directory (its newest complete checkpoint) or a checkpoint directory
+    )
+    output: str = MISSING  # a directory: state_dict.pt + dlrm.json (replaced atomically)
+
+
+def require(cfg: Any, **examples: str) -> None:
+    """A ValueError naming the first of these keys that was not given (Hydra's own error for a
+    missing value comes after a line of its own), with an example value."""
+    for key, example in examples.items():
+        missing = (
+            OmegaConf.is_missing(cfg, key)
+            if isinstance(cfg, DictConfig)
+            else getattr(cfg, key) == MISSING
+        )
+        if missing:
+            raise ValueError(f"{key}: required, e.g. {key}={example}")

@@ -1,0 +1,182 @@
+"""`dlrm-cache export`: a trained run as torchrec's own DLRM, the door to torchrec's sharding,
+inference and serving tools.
+
+The output directory holds
+
+* ``state_dict.pt``: a state dict that ``torchrec.models.dlrm.DLRM`` built with an
+  ``EmbeddingBagCollection`` of one table per feature (named after the feature, sum pooling) loads
+  with ``strict=True``; plain tensors, so ``torch.load(..., weights_only=True)`` reads it;
+* ``dlrm.json``: the constructor arguments (``dense_in_features``, ``dense_arch_layer_sizes``,
+  ``over_arch_layer_sizes``, the tables as ``EmbeddingBagConfig`` fields) and what the inputs are
+  (feature order, dense transform, ids as frequency ranks of the named dataset).
+
+:func:`load_torchrec_dlrm` builds the model from the directory.  The key names are read off a
+torchrec DLRM of the same shape built on the meta device (no memory), so they are whatever the
+installed torchrec expects.  dlrm-cache's DLRM is torchrec's DenseArch/OverArch with an interaction
+that gives InteractionArch's values, so the exported model's logits are the run's (the dense part
+computed in fp32: a run trained with ``precision=bf16`` then differs by bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .after_config import require
+from .data.format import replace_dir
+from .trained import Trained, open_trained
+
+STATE_DICT = "state_dict.pt"
+ARGS = "dlrm.json"
+_TABLES_PREFIX = "sparse_arch.embedding_bag_collection.embedding_bags."
+
+
+def constructor_args(trained: Trained) -> dict[str, Any]:
+    """``DLRM(...)``'s arguments (the collection as its tables' ``EmbeddingBagConfig`` fields)."""
+    dim = int(trained.config["model.embedding_dim"])
+    m = trained.manifest
+    return {
+        "dense_in_features": len(m.dense_names),
+        "dense_arch_layer_sizes": [int(x) for x in trained.config["model.bottom_mlp"]] + [dim],
+        "over_arch_layer_sizes": [int(x) for x in trained.config["model.top_mlp"]] + [1],
+        "embedding_bag_collection": {
+            "tables": [
+                {
+                    "name": name,
+                    "embedding_dim": dim,
+                    "num_embeddings": rows,
+                    "feature_names": [name],
+                    "pooling": "SUM",
+                }
+                for name, rows in zip(m.sparse_names, m.table_sizes)
+            ],
+        },
+    }
+
+
+def build_torchrec_dlrm(
+    args: dict[str, Any], device: torch.device | str = "cpu"
+) -> torch.nn.Module:
+    """torchrec's DLRM from :func:`constructor_args`' dict (on ``meta``: shapes, no memory)."""
+    from torchrec.models.dlrm import DLRM
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    device = torch.device(device)
+    tables = [
+        EmbeddingBagConfig(
+            name=t["name"],
+            embedding_dim=t["embedding_dim"],
+            num_embeddings=t["num_embeddings"],
+            feature_names=list(t["feature_names"]),
+            pooling=PoolingType[t["pooling"]],
+        )
+        for t in args["embedding_bag_collection"]["tables"]
+    ]
+    return DLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=device),
+        dense_in_features=args["dense_in_features"],
+        dense_arch_layer_sizes=list(args["dense_arch_layer_sizes"]),
+        over_arch_layer_sizes=list(args["over_arch_layer_sizes"]),
+        dense_device=device,
+    )
+
+
+def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The checkpoint under the key names of torchrec's DLRM with ``args``, every key filled."""
+    ours = {
+        k: v
+        for k, v in trained.checkpoint.dense["model"].items()
+        if not k.startswith("inter_arch.")
+    }
+    ours.update({_TABLES_PREFIX + k: v for k, v in trained.weights().items()})
+    wanted = build_torchrec_dlrm(args, "meta").state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for key, ref in wanted.items():
+        if key in ours:
+            value = ours.pop(key)
+        elif key.endswith(
+            "triu_indices"
+        ):  # InteractionArch's index buffer (persistent in some versions)
+            n = len(args["embedding_bag_collection"]["tables"]) + 1
+            value = torch.triu_indices(n, n, offset=1)
+        else:
+            raise ValueError(f"{trained.checkpoint.path}: has nothing for torchrec's {key}")
+        if tuple(value.shape) != tuple(ref.shape):
+            raise ValueError(
+                f"{trained.checkpoint.path}: {key} has shape {tuple(value.shape)}, "
+                f"torchrec's DLRM wants {tuple(ref.shape)}"
+            )
+        out[key] = value.detach().to("cpu", ref.dtype).contiguous().clone()
+    if ours:
+        raise ValueError(f"{trained.checkpoint.path}: torchrec's DLRM has no {sorted(ours)[0]}")
+    return out
+
+
+def export(cfg: Any) -> Path:
+    """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint``."""
+    require(cfg, checkpoint="runs/train/DATE/TIME", output="exported")
+    trained = open_trained(str(cfg.checkpoint))
+    out = Path(str(cfg.output)).expanduser().resolve()
+    if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {STATE_DICT, ARGS}):
+        raise FileExistsError(
+            f"output={out}: exists and is not an export directory; choose another output"
+        )
+    args = constructor_args(trained)
+    meta = {
+        "model": "torchrec.models.dlrm.DLRM",
+        "args": args,
+        "inputs": {
+            "dense_features": trained.manifest.dense_names,
+            "dense_transform": "log(1 + max(x, 0)), an empty field as 0 (as dlrm-cache preprocess)",
+            "sparse_features": trained.manifest.sparse_names,
+            "ids": "rows of the dataset's frequency ranking (preprocess), one per feature",
+            "dataset": str(trained.data_path),
+            "stats_digest": trained.manifest.stats_digest,
+            "hash_modulus": trained.manifest.hash_modulus,
+        },
+        "output": "logits, shape [batch, 1]: probability = sigmoid(logit)",
+        "checkpoint": str(trained.checkpoint.path),
+        "step": trained.checkpoint.step,
+    }
+    state = torchrec_state_dict(trained, args)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise PermissionError(
+            f"output={out}: cannot create files in {out.parent} ({e.strerror})"
+        ) from None
+    try:
+        torch.save(state, tmp / STATE_DICT)
+        (tmp / ARGS).write_text(json.dumps(meta, indent=2))
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = (out / STATE_DICT).stat().st_size
+    print(
+        f"export: {trained.checkpoint.path} (step {trained.checkpoint.step}) -> {out}/ "
+        f"({STATE_DICT}: {size / 2**20:,.1f} MiB, {ARGS})"
+    )
+    return out
+
+
+def load_torchrec_dlrm(
+    directory: str | os.PathLike, device: torch.device | str = "cpu"
+) -> torch.nn.Module:
+    """torchrec's DLRM from an export directory, loaded with ``strict=True``, in eval mode."""
+    d = Path(directory)
+    args = json.loads((d / ARGS).read_text())["args"]
+    model = build_torchrec_dlrm(args, "meta")
+    state = torch.load(d / STATE_DICT, map_location=device, weights_only=True)
+    model.load_state_dict(state, strict=True, assign=True)
+    on_meta = [k for k, v in [*model.named_parameters(), *model.named_buffers()] if v.is_meta]
+    if on_meta:  # a buffer torchrec does not save and builds on the model's device
+        raise RuntimeError(f"{d / STATE_DICT}: loaded, but {on_meta[0]} has no value")
+    return model.eval()

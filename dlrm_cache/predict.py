@@ -1,0 +1,302 @@
+"""`dlrm-cache predict`: click probabilities of a trained run, for raw Criteo lines or a split.
+
+Streaming: raw text is parsed ``chunk_bytes`` at a time on a background thread (as `preprocess`
+reads it, see :mod:`dlrm_cache.rawinput`), a processed split is read shard by shard as training's
+evaluation reads it; batches of ``batch_size`` go through the run's model and out to the file, so
+memory is bounded by the chunk and the tables (memory-mapped from the checkpoint), not the input.
+
+Output: one row per scored line: ``line`` (1-based line number in a raw file) or ``row`` (0-based
+position in a processed split), ``probability`` (float32), and ``label`` where the input has one.
+It is written under a temporary name beside ``output`` and renamed into place when complete.
+
+With labels, AUC, log loss and accuracy are computed by training's own evaluation metrics over the
+same batches: on a processed split with the run's ``data.eval_batch_size`` (the default), one
+process gives exactly the numbers `train test=true` reported for that checkpoint (a run that
+evaluated on N ranks: equal up to float summation order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from .after_config import require
+from .data.format import MANIFEST, Manifest, WriteError, atomic_file
+from .data.loader import Batch, OneIdPerSample, Prefetcher, ShardStream
+from .parallel.dist import resolve_device
+from .rawinput import LABELLED, IdMapper, Rows, detect_width, new_bad_line_log, read_rows
+from .train.metrics import EvalMetrics, format_table
+from .trained import Trained, open_trained
+
+Indexed = tuple[np.ndarray, Batch]  # (line or row numbers, the batch)
+
+
+@dataclass
+class Source:
+    """What is scored: batches with their line/row numbers, and how to show progress."""
+
+    index_name: str  # "line" (raw text) | "row" (processed split)
+    labelled: bool
+    batches: Callable[[Callable[[int], None]], Iterator[Indexed]]  # takes a progress callback
+    total: int  # for the progress bar
+    unit: str
+    bad: Any = None  # the raw input's bad-line log
+
+
+def predict(cfg: Any) -> dict[str, Any]:
+    """Score ``cfg.input`` with ``cfg.checkpoint``; returns the summary it prints."""
+    require(cfg, checkpoint="runs/train/DATE/TIME", input="test.txt", output="predictions.parquet")
+    output = Path(str(cfg.output)).expanduser()
+    fmt = output_format(output, str(cfg.format))
+    device = resolve_device(str(cfg.device))
+    inp = Path(str(cfg.input)).expanduser()
+    is_dataset = (inp / MANIFEST).is_file()
+    if is_dataset:  # a split of a dataset: the run must have been trained on that dataset
+        trained = open_trained(str(cfg.checkpoint), str(inp), data_key="input")
+    else:
+        trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
+    batch_size = int(cfg.batch_size) or int(trained.config.get("data.eval_batch_size", 8192))
+    source = (
+        split_source(trained, inp, str(cfg.split), batch_size)
+        if is_dataset
+        else raw_source(cfg, trained, inp, batch_size)
+    )
+    model = trained.model(device)
+
+    metrics = EvalMetrics(device) if source.labelled else None
+    scored, t0 = 0, time.perf_counter()
+    bar = tqdm(
+        total=source.total,
+        unit=source.unit,
+        unit_scale=True,
+        desc="predict",
+        disable=not cfg.progress,
+        dynamic_ncols=True,
+    )
+    with (
+        bar,
+        PredictionWriter(output, fmt, source.index_name, source.labelled) as out,
+        torch.no_grad(),
+        _background(source.batches(lambda n: bar.update(n - bar.n))) as batches,
+    ):
+        for index, batch in batches:
+            # ids stay on the host, where the tables are; the dense part runs on `device`
+            logits = model(batch.dense.to(device), batch.sparse)
+            probs = torch.sigmoid(logits)
+            if metrics is not None:
+                metrics.update(logits, batch.labels.to(device))
+            out.write(index, probs.cpu().numpy(), batch.labels.numpy() if source.labelled else None)
+            scored += len(index)
+            if source.unit == "row":
+                bar.update(len(index))
+    seconds = time.perf_counter() - t0
+    return _report(cfg, trained, source, output, scored, seconds, metrics)
+
+
+def _report(
+    cfg: Any,
+    trained: Trained,
+    source: Source,
+    output: Path,
+    scored: int,
+    seconds: float,
+    metrics: EvalMetrics | None,
+) -> dict[str, Any]:
+    if source.bad is not None:
+        for msg in source.bad.reports:
+            print(f"predict: skipped {msg}")
+        if source.bad.counts:
+            print(
+                f"predict: skipped {sum(source.bad.counts.values())} malformed lines: "
+                f"{source.bad.counts}"
+            )
+    summary: dict[str, Any] = {
+        "checkpoint": str(trained.checkpoint.path),
+        "step": trained.checkpoint.step,
+        "scored": scored,
+        "seconds": round(seconds, 3),
+        f"{source.index_name}s_per_s": scored / seconds if seconds > 0 else float("nan"),
+    }
+    if source.bad is not None:
+        summary["skipped"] = sum(source.bad.counts.values())
+    if metrics is not None:
+        summary.update(metrics.compute())
+    summary["output"] = str(output)
+    print(format_table(list(summary.items()), title=f"dlrm-cache predict: {cfg.input}"))
+    return summary
+
+
+# ---------------------------------------------------------------------------------------- inputs
+def split_source(trained: Trained, root: Path, split: str, batch_size: int) -> Source:
+    """A split of the dataset the run was trained on, in shard order (as training evaluates it)."""
+    manifest: Manifest = trained.manifest
+    if split not in manifest.splits:
+        raise ValueError(
+            f"split={split}: {root} has no such split (has {', '.join(manifest.splits)})"
+        )
+    manifest.check_shards(root, [split])
+    stream = ShardStream(
+        root, manifest, split, batch_size, shuffle=False, drop_last=False, key="batch_size"
+    )
+
+    def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
+        at = 0
+        for batch in stream.batches():
+            yield np.arange(at, at + batch.size, dtype=np.int64), batch
+            at += batch.size
+
+    return Source("row", True, batches, manifest.splits[split].rows, "row")
+
+
+def raw_source(cfg: Any, trained: Trained, path: Path, batch_size: int) -> Source:
+    """A raw Criteo text file, mapped through the trained dataset's statistics."""
+    if not path.exists():
+        raise FileNotFoundError(f"input={path}: no such file or processed dataset directory")
+    if not path.is_file():
+        raise ValueError(
+            f"input={path}: neither a raw Criteo text file nor a processed dataset "
+            f"(a directory with {MANIFEST})"
+        )
+    width = detect_width(path)
+    mapper = IdMapper(trained.data_path, trained.manifest)
+    bad = new_bad_line_log(str(cfg.bad_lines), int(cfg.bad_line_reports))
+    layout = OneIdPerSample(trained.manifest.sparse_names)
+
+    def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
+        rows = read_rows(path, width, mapper, int(cfg.chunk_bytes), bad, progress)
+        return rebatch(rows, batch_size, layout)
+
+    return Source("line", width == LABELLED, batches, path.stat().st_size, "B", bad)
+
+
+def rebatch(rows: Iterator[Rows], batch_size: int, layout: OneIdPerSample) -> Iterator[Indexed]:
+    """Blocks of good lines -> batches of exactly ``batch_size`` (the last one: the rest)."""
+    pending: list[Rows] = []
+    have = 0
+    for r in rows:
+        pending.append(r)
+        have += len(r.lines)
+        if have < batch_size:
+            continue
+        joined = _join(pending)
+        full = have - have % batch_size
+        for lo in range(0, full, batch_size):
+            yield _batch(joined, lo, lo + batch_size, layout)
+        pending = [_slice(joined, full, have)] if full < have else []
+        have -= full
+    if have:
+        joined = _join(pending)
+        yield _batch(joined, 0, have, layout)
+
+
+def _join(parts: list[Rows]) -> Rows:
+    if len(parts) == 1:
+        return parts[0]
+    labels = None if parts[0].labels is None else np.concatenate([p.labels for p in parts])
+    return Rows(
+        np.concatenate([p.lines for p in parts]),
+        labels,
+        np.concatenate([p.dense for p in parts], axis=1),
+        np.concatenate([p.ids for p in parts], axis=1),
+    )
+
+
+def _slice(r: Rows, lo: int, hi: int) -> Rows:
+    return Rows(
+        r.lines[lo:hi],
+        None if r.labels is None else r.labels[lo:hi],
+        r.dense[:, lo:hi],
+        r.ids[:, lo:hi],
+    )
+
+
+def _batch(r: Rows, lo: int, hi: int, layout: OneIdPerSample) -> Indexed:
+    dense = torch.from_numpy(np.ascontiguousarray(r.dense[:, lo:hi].T))
+    ids = torch.from_numpy(np.ascontiguousarray(r.ids[:, lo:hi]))
+    labels = (
+        torch.from_numpy(r.labels[lo:hi].copy()) if r.labels is not None else torch.zeros(hi - lo)
+    )
+    return r.lines[lo:hi], layout.batch(dense, ids, labels)
+
+
+@contextlib.contextmanager
+def _background(it: Iterator[Indexed], depth: int = 2) -> Iterator[Iterator[Indexed]]:
+    """Parsing and batching on a loader thread, ``depth`` batches ahead of the model."""
+    reader = Prefetcher(it, depth)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+# ---------------------------------------------------------------------------------------- output
+def output_format(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    return "csv" if path.suffix.lower() == ".csv" else "parquet"
+
+
+class PredictionWriter:
+    """Streams prediction rows into a temporary file beside ``path``: renamed into place when the
+    ``with`` block ends normally, removed when it raises (no half-written output, ever)."""
+
+    def __init__(self, path: Path, fmt: str, index_name: str, labelled: bool) -> None:
+        self.path = path
+        self.fmt = fmt
+        fields = [(index_name, pa.int64()), ("probability", pa.float32())]
+        self.schema = pa.schema(fields + ([("label", pa.int8())] if labelled else []))
+        self._stack = contextlib.ExitStack()
+        self._writer: Any = None
+
+    def __enter__(self) -> "PredictionWriter":
+        if self.path.is_dir():
+            raise IsADirectoryError(f"output={self.path}: is a directory; name a file")
+        try:
+            f = self._stack.enter_context(atomic_file(self.path, "wb"))
+        except OSError as e:
+            raise WriteError(
+                f"output={self.path}: cannot write there ({e.strerror or e})"
+            ) from None
+        if self.fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            self._writer = pacsv.CSVWriter(f, self.schema)
+        else:
+            import pyarrow.parquet as pq
+
+            self._writer = pq.ParquetWriter(f, self.schema)
+        return self
+
+    def write(self, index: np.ndarray, probs: np.ndarray, labels: np.ndarray | None) -> None:
+        cols = [pa.array(index, pa.int64()), pa.array(probs.astype(np.float32, copy=False))]
+        if labels is not None:
+            cols.append(pa.array(labels.astype(np.int8)))
+        try:
+            self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+        except OSError as e:
+            raise WriteError(
+                f"output={self.path}: write failed ({e.strerror or e}); nothing was kept"
+            ) from None
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        failure = None
+        if self._writer is not None:
+            try:
+                self._writer.close()  # the parquet footer
+            except OSError as e:
+                failure = WriteError(
+                    f"output={self.path}: write failed ({e.strerror or e}); nothing was kept"
+                )
+        if exc is None and failure is not None:
+            self._stack.__exit__(WriteError, failure, None)  # removes the temporary file
+            raise failure
+        self._stack.__exit__(exc_type, exc, tb)

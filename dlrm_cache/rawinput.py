@@ -1,0 +1,194 @@
+"""Raw Criteo text -> model inputs, exactly as `dlrm-cache preprocess` maps it.
+
+Lines are parsed by preprocessing's own parser (its malformed-line policy, ``log1p`` dense values,
+hex ids), ids are hashed with the dataset's ``hash_modulus`` and mapped to rows through its
+frequency statistics by preprocessing's own lookup (ids below ``min_count`` or unseen in training
+go to the shared last row), and bad lines go through preprocessing's bad-line log (``skip``:
+counted and reported; ``fail``: the first one stops with ``path:line: reason``).  So a line
+scores exactly as the same line does after `preprocess`.
+
+A file is either labelled (40 fields, as preprocess reads) or not (39 fields: Kaggle's
+``test.txt``), decided by its first non-empty line; then every line must have that width.  A
+39-field line is given a placeholder label field in front and parsed as a 40-field one (its
+label is then ignored), so both widths go through the same parser; messages name the file's own
+field counts.  Only the line length limit counts the 2 added bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+# The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
+from .data import criteo
+from .data.format import MANIFEST, SPARSE_NAMES, Manifest, one_line, sha256_file
+from .data.preprocess import BadLineLog, RankLookup
+from .data.preprocess import _hash as hash_ids
+from .data.stats import COUNTS, SUMMARY, FeatureStats
+
+LABELLED = criteo.NUM_FIELDS  # label, I1..I13, C1..C26
+UNLABELLED = criteo.NUM_FIELDS - 1  # Kaggle's test.txt
+_BOM = b"\xef\xbb\xbf"
+_PLACEHOLDER = b"0\t"  # the label field put in front of a 39-field line
+_FIELDS_DETAIL = re.compile(rf"^(\d+) fields, expected {criteo.NUM_FIELDS}$")
+
+
+@dataclass
+class Rows:
+    """Good lines of one block, ready for the model."""
+
+    lines: np.ndarray  # (n,) int64 1-based line numbers in the file
+    labels: np.ndarray | None  # (n,) float32 0/1; None for a 39-field file
+    dense: np.ndarray  # (13, n) float32 log1p values
+    ids: np.ndarray  # (26, n) rows of the embedding tables (int32, int64 for tables past int32)
+
+
+def new_bad_line_log(policy: str, max_reports: int) -> BadLineLog:
+    """Preprocessing's bad-line log: ``.counts`` per reason, ``.reports`` (``path:line: why``)."""
+    return BadLineLog(policy, max_reports)
+
+
+BadLineError = criteo.BadLineError
+InputError = criteo.InputError
+
+
+class IdMapper:
+    """Raw hex ids (26, n) -> table rows through a dataset's statistics (preprocessing's lookup)."""
+
+    def __init__(self, dataset: Path, manifest: Manifest) -> None:
+        stats = load_feature_stats(dataset, manifest)
+        self.dtype = np.dtype(
+            np.int32 if max(manifest.table_sizes) <= np.iinfo(np.int32).max else np.int64
+        )
+        self.lookups = [RankLookup(fs, self.dtype) for fs in stats]
+        self.hash_modulus = manifest.hash_modulus
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        ids = hash_ids(ids, self.hash_modulus)
+        rows = np.empty(ids.shape, dtype=self.dtype)
+        for j, lookup in enumerate(self.lookups):
+            rows[j] = lookup(ids[j])
+        return rows
+
+
+def load_feature_stats(dataset: Path, manifest: Manifest) -> list[FeatureStats]:
+    """Each feature's kept ids in row order (C1..C26), from the stats the manifest names."""
+    counts_path = dataset / COUNTS
+    if not counts_path.is_file():
+        raise FileNotFoundError(
+            f"{counts_path}: missing; raw lines are mapped through the dataset's "
+            "statistics (preprocess the data again)"
+        )
+    if sha256_file(counts_path) != manifest.stats_digest:
+        raise ValueError(
+            f"{counts_path}: not the statistics {dataset / MANIFEST} was built with "
+            "(its sha256 is not the manifest's stats_digest); preprocess the data again"
+        )
+    try:
+        summary = json.loads((dataset / SUMMARY).read_text())["features"]
+        sizes = [int(summary[name]["table_size"]) for name in SPARSE_NAMES]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{dataset / SUMMARY}: not a statistics summary ({one_line(e)}); "
+            "preprocess the data again"
+        ) from None
+    if sizes != list(manifest.table_sizes):
+        raise ValueError(
+            f"{dataset / SUMMARY}: table sizes {sizes} are not the manifest's "
+            f"{manifest.table_sizes}; preprocess the data again"
+        )
+    table = pq.read_table(counts_path, columns=["id", "count"])
+    ids, counts = table.column("id").to_numpy(), table.column("count").to_numpy()
+    bounds = np.cumsum(
+        [0, *(s - 1 for s in sizes)]
+    )  # kept ids per feature, stored in C1..C26 order
+    if bounds[-1] != len(ids):
+        raise ValueError(f"{counts_path}: {len(ids)} rows but {SUMMARY} says {bounds[-1]}")
+    return [
+        FeatureStats(
+            ids[bounds[j] : bounds[j + 1]],
+            counts[bounds[j] : bounds[j + 1]],
+            int(summary[name]["rare_count"]),
+            int(summary[name]["rare_ids_folded"]),
+        )
+        for j, name in enumerate(SPARSE_NAMES)
+    ]
+
+
+def detect_width(path: Path) -> int:
+    """:data:`LABELLED` or :data:`UNLABELLED`, from the file's first non-empty line."""
+    reader, raw = criteo.open_raw(path)
+    try:
+        with raw, reader:
+            for number in range(1, 1001):
+                line = reader.readline(criteo.MAX_LINE_BYTES + 2)
+                if not line:
+                    break
+                if number == 1 and line.startswith(_BOM):
+                    line = line[len(_BOM) :]
+                line = line.rstrip(b"\r\n")
+                if not line:
+                    continue
+                fields = line.count(b"\t") + 1
+                if fields not in (LABELLED, UNLABELLED):
+                    raise InputError(
+                        f"{path}:{number}: {fields} fields; a raw Criteo line has {LABELLED} "
+                        f"(label, I1-I13, C1-C26) or {UNLABELLED} (no label, like Kaggle's "
+                        "test.txt)"
+                    )
+                return fields
+    except (EOFError, OSError) as e:  # a cut or corrupt gzip file (BadGzipFile is an OSError)
+        raise InputError(f"{path}: truncated or corrupt gzip file ({one_line(e)})") from None
+    raise InputError(f"{path}: no lines to score")
+
+
+def read_rows(
+    path: Path,
+    width: int,
+    mapper: IdMapper,
+    chunk_bytes: int,
+    bad: BadLineLog,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[Rows]:
+    """The file's good lines block by block (memory ~ ``chunk_bytes``); bad lines go to ``bad``;
+    ``progress`` gets the bytes of the file read so far."""
+    for block in criteo.iter_blocks(path, chunk_bytes):
+        data = (
+            block.data
+            if width == LABELLED
+            else _with_placeholder_label(block.data, block.first_line)
+        )
+        parsed = criteo.parse_block(data, block.first_line, block.num_lines)
+        if width == UNLABELLED:
+            parsed.bad_details = [_unlabelled_detail(d) for d in parsed.bad_details]
+        bad.add(path, parsed)
+        yield Rows(
+            parsed.lines + 1,
+            parsed.label if width == LABELLED else None,
+            parsed.dense,
+            mapper(parsed.ids),
+        )
+        if progress is not None:
+            progress(block.bytes_read)
+
+
+def _with_placeholder_label(data: bytes, first_line: int) -> bytes:
+    """Every line of the block with ``0<TAB>`` in front (a file's byte order mark dropped first)."""
+    if first_line == 0 and data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    out = _PLACEHOLDER + data.replace(b"\n", b"\n" + _PLACEHOLDER)
+    return out[: -len(_PLACEHOLDER)] if data.endswith(b"\n") else out
+
+
+def _unlabelled_detail(detail: str) -> str:
+    """A field-count message of a placeholder-labelled line, in the file's own counts."""
+    m = _FIELDS_DETAIL.match(detail)
+    if not m:
+        return detail
+    return f"{int(m[1]) - 1} fields, expected {UNLABELLED}"

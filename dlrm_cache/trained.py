@@ -1,0 +1,141 @@
+"""A trained run's checkpoint as a model for inference (shared by `predict` and `export`).
+
+Checkpoints hold full tables by name whatever the placement or the number of ranks that wrote them
+(see :mod:`dlrm_cache.train.checkpoint`), so a model trained with host, hbm, uvm_cache or
+freq_cache tables, on one rank or N, is rebuilt the same way here: the run's DLRM with read-only
+tables (:class:`FrozenTables`) memory-mapped from the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from .config import Precision, flatten
+from .data.format import Manifest
+from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from .model.dlrm import DLRM
+from .train.checkpoint import Checkpoint, find_checkpoint
+
+
+class FrozenTables(EmbeddingBackend):
+    """Read-only tables for inference: a sample's one id per feature selects its row.
+
+    Pooling one row is that row, so the lookups equal every training placement's bit for bit.
+    """
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        weights: dict[str, torch.Tensor],
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__(tables, SparseOptim("sgd"))
+        self.weights = [weights[f"{t.name}.weight"] for t in tables]  # on the host
+        self.dim = tables[0].dim
+        self.device = torch.device(device)  # where the pooled rows go (the dense part's device)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        b, f = features.stride(), len(self.weights)
+        values = features.values()
+        if values.numel() != b * f:
+            raise ValueError(
+                f"FrozenTables takes one id per sample and feature, got {values.numel()} ids "
+                f"for {b} samples of {f} features"
+            )
+        ids = values.view(f, b).to("cpu", torch.long)
+        rows = torch.cat([w.index_select(0, ids[j]) for j, w in enumerate(self.weights)], dim=1)
+        return pooled(features, rows.to(self.device), self.dim)
+
+    def set_learning_rate(self, lr: float) -> None:
+        raise RuntimeError("FrozenTables are read-only (inference)")
+
+    def export_tables(self) -> dict[str, torch.Tensor]:
+        return {f"{t.name}.weight": w for t, w in zip(self.tables, self.weights)}
+
+
+@dataclass
+class Trained:
+    """A checkpoint, the dataset it was trained on, and (after :meth:`model`) the model."""
+
+    checkpoint: Checkpoint
+    config: dict[str, Any]  # the run's config, flattened (``model.embedding_dim``, ...)
+    data_path: Path
+    manifest: Manifest
+
+    def tables(self) -> list[TableSpec]:
+        dim = int(self.config["model.embedding_dim"])
+        return [
+            TableSpec(n, rows, dim)
+            for n, rows in zip(self.manifest.sparse_names, self.manifest.table_sizes)
+        ]
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full tables (memory-mapped where the checkpoint stores them whole)."""
+        return self.checkpoint.tables([f"{t.name}.weight" for t in self.tables()])
+
+    def model(self, device: torch.device) -> DLRM:
+        """The run's DLRM in eval mode, dense part on ``device``, tables on the host."""
+        model = DLRM(
+            FrozenTables(self.tables(), self.weights(), device),
+            num_dense=len(self.manifest.dense_names),
+            embedding_dim=int(self.config["model.embedding_dim"]),
+            bottom_mlp=list(self.config["model.bottom_mlp"]),
+            top_mlp=list(self.config["model.top_mlp"]),
+            device=device,
+            precision=Precision(self.config.get("precision", "fp32")),
+        )
+        model.load_dense_state_dict(self.checkpoint.dense["model"])
+        return model.eval()
+
+
+def open_trained(checkpoint: str, data: str | None = None, data_key: str = "dataset") -> Trained:
+    """The checkpoint ``checkpoint`` names (a run directory: its newest complete one), and the
+    dataset it was trained on.
+
+    ``data`` (default: the run's ``data.path``; ``data_key``: the option that named it, for
+    messages) must be the dataset the checkpoint was trained on: the same statistics, table sizes
+    and splits (its recorded identity), or the rows would mean other ids.
+    """
+    try:
+        path = find_checkpoint(checkpoint)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"checkpoint={checkpoint}: no checkpoint there (a directory with meta.json), "
+            "nor a run directory with a complete one"
+        ) from None
+    ckpt = Checkpoint(path)
+    config = flatten(ckpt.config)
+    missing = [
+        k
+        for k in ("model.embedding_dim", "model.bottom_mlp", "model.top_mlp", "data.path")
+        if k not in config
+    ]
+    if missing or "model" not in ckpt.dense:
+        raise ValueError(
+            f"{path}: not a dlrm-cache training checkpoint "
+            f"(no {missing[0] if missing else 'model'})"
+        )
+    data_path = Path(data if data is not None else str(config["data.path"])).expanduser()
+    named = (
+        f"{data_key}={data}" if data is not None else f"the run's data.path={config['data.path']}"
+    )
+    manifest = Manifest.load(data_path, key=data_key)
+    trained_on = flatten(ckpt.meta.get("dataset", {}))
+    here = flatten(manifest.identity())
+    if not trained_on:
+        raise ValueError(
+            f"{path / 'meta.json'}: records no dataset identity; "
+            "not a dlrm-cache training checkpoint"
+        )
+    diff = [k for k in here if trained_on.get(k) != here[k]]
+    if diff:
+        raise ValueError(
+            f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "
+            f"differ); point {data_key}= at the dataset the run was trained on"
+        )
+    return Trained(ckpt, config, data_path, manifest)

@@ -1,0 +1,191 @@
+"""`dlrm-cache predict` as a user runs it: the run's own test metrics reproduced, raw text scored as
+its preprocessed lines, every placement's checkpoint read, bad input refused in one line."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from after_runs import compose_config
+
+from dlrm_cache.cli import main
+from dlrm_cache.predict import predict
+
+# placed among the test lines of the raw files below: each is skipped, the rest keep their batches
+BAD = [b"1\t2\t3", b"2" + b"\t" * 39, b"0" + b"\t" * 13 + b"zz" + b"\t" * 25]
+
+
+def run_predict(capsys, *overrides: str) -> tuple[int, str, str]:
+    try:
+        main(["predict", "progress=false", *overrides])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def predict_in_process(*overrides: str) -> dict:
+    return predict(compose_config("predict", ["progress=false", *overrides]))
+
+
+@pytest.fixture(scope="module")
+def split_predictions(
+    host_run, processed_synth: Path, tmp_path_factory
+) -> tuple[dict, pd.DataFrame]:
+    out = tmp_path_factory.mktemp("pred") / "test.parquet"
+    summary = predict_in_process(
+        f"checkpoint={host_run.path}", f"input={processed_synth}", f"output={out}"
+    )
+    return summary, pd.read_parquet(out)
+
+
+def with_bad_lines(lines: list[bytes]) -> list[bytes]:
+    return lines[:5] + BAD + lines[5:1500] + BAD[:1] + lines[1500:]
+
+
+def test_split_reproduces_the_runs_test_metrics_exactly(host_run, split_predictions):
+    summary, frame = split_predictions
+    reported = host_run.summary
+    # the model, batches and metric code of `train test=true`: the same numbers, not close ones
+    assert summary["auc"] == reported["test_auc"]
+    assert summary["logloss"] == reported["test_logloss"]
+    assert summary["accuracy"] == reported["test_accuracy"]
+    assert summary["samples"] == reported["test_samples"] == len(frame)
+    assert list(frame.columns) == ["row", "probability", "label"]
+    assert frame["row"].tolist() == list(range(len(frame)))
+    assert frame["probability"].dtype == np.float32 and frame["probability"].between(0, 1).all()
+
+
+def test_raw_gz_scores_as_its_preprocessed_lines(
+    capsys, split_predictions, raw_test_lines, host_run, tmp_path
+):
+    _, split = split_predictions
+    raw = tmp_path / "test.gz"
+    raw.write_bytes(gzip.compress(b"\n".join(with_bad_lines(raw_test_lines)) + b"\n"))
+    out = tmp_path / "raw.parquet"
+    code, stdout, err = run_predict(
+        capsys, f"checkpoint={host_run.path}", f"input={raw}", f"output={out}"
+    )
+    assert code == 0, err
+    frame = pd.read_parquet(out)
+    # bit for bit: the same rows in the same batches (the bad lines are skipped before batching)
+    np.testing.assert_array_equal(frame["probability"].to_numpy(), split["probability"].to_numpy())
+    np.testing.assert_array_equal(frame["label"].to_numpy(), split["label"].to_numpy())
+    # line numbers are the file's: the 3 bad lines after line 5 and the one after line 1503 are gone
+    expected = [n for n in range(1, len(raw_test_lines) + 5) if n not in (6, 7, 8, 1504)]
+    assert frame["line"].tolist() == expected
+    assert (
+        "skipped 4 malformed lines" in stdout
+        and f"{raw}:6: wrong field count (3 fields, expected 40)" in stdout
+    )
+
+
+def test_unlabelled_lines_like_kaggle_test_txt(
+    capsys, raw_test_lines, split_predictions, host_run, tmp_path
+):
+    """39 fields (no label), plain text, CSV output."""
+    _, split = split_predictions
+    text = tmp_path / "test.txt"
+    text.write_bytes(b"\n".join(line.split(b"\t", 1)[1] for line in raw_test_lines) + b"\n")
+    out = tmp_path / "pred.csv"
+    code, stdout, err = run_predict(
+        capsys, f"checkpoint={host_run.path}", f"input={text}", f"output={out}"
+    )
+    assert code == 0, err
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == ["line", "probability"]  # no label: no metrics either
+    assert "auc" not in stdout and "dlrm-cache predict" in stdout
+    assert frame["line"].tolist() == list(range(1, len(raw_test_lines) + 1))
+    np.testing.assert_allclose(
+        frame["probability"].to_numpy(), split["probability"].to_numpy(), rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("run", ["cached_run", "row_sharded_run"])
+def test_every_placement_predicts_what_its_run_reported(run, request, processed_synth, tmp_path):
+    """freq_cache tables (flushed into the checkpoint) and a checkpoint of row-range pieces in two
+    files are read as whole tables."""
+    trained = request.getfixturevalue(run)
+    summary = predict_in_process(
+        f"checkpoint={trained.path}", f"input={processed_synth}", f"output={tmp_path / 'p.parquet'}"
+    )
+    assert summary["auc"] == trained.summary["test_auc"]
+    assert summary["logloss"] == trained.summary["test_logloss"]
+    assert summary["samples"] == trained.summary["test_samples"]
+
+
+def test_a_checkpoint_directory_and_other_splits(host_run, processed_synth, tmp_path):
+    ckpt = host_run.path / "checkpoints" / "step_00000030"
+    summary = predict_in_process(
+        f"checkpoint={ckpt}",
+        f"input={processed_synth}",
+        "split=val",
+        f"output={tmp_path / 'val.parquet'}",
+        "batch_size=333",
+    )
+    assert summary["step"] == 30 and summary["samples"] == host_run.summary["val_samples"]
+    assert summary["auc"] == pytest.approx(host_run.summary["val_auc"], abs=1e-6)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(
+    capsys, host_run, processed_synth, small_dataset, raw_test_lines, tmp_path
+):
+    out = tmp_path / "out" / "pred.parquet"
+    common = [f"checkpoint={host_run.path}", f"output={out}"]
+    raw = tmp_path / "raw.txt"
+    raw.write_bytes(b"\n".join(with_bad_lines(raw_test_lines)) + b"\n")
+    wide = tmp_path / "wide.txt"
+    wide.write_bytes(b"\t".join([b"1"] * 30) + b"\n" + raw_test_lines[0] + b"\n")
+    (tmp_path / "empty_run").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        (
+            [f"checkpoint={tmp_path / 'empty_run'}", f"input={raw}", f"output={out}"],
+            f"checkpoint={tmp_path / 'empty_run'}: no checkpoint there",
+        ),
+        (
+            common + [f"input={raw}", f"dataset={small_dataset}"],
+            f"trained on another dataset than dataset={small_dataset}",
+        ),
+        (
+            common + [f"input={small_dataset}"],
+            f"trained on another dataset than input={small_dataset}",
+        ),
+        (common + [f"input={wide}"], f"{wide}:1: 30 fields; a raw Criteo line has 40"),
+        # fail policy, small chunks: batches were written before line 6 stopped the run
+        (
+            common + [f"input={raw}", "bad_lines=fail", "chunk_bytes=100", "batch_size=2"],
+            f"{raw}:6: wrong field count (3 fields, expected 40)",
+        ),
+        (common + [f"input={processed_synth}", "split=nope"], "split=nope:"),
+        (
+            common + [f"input={tmp_path / 'missing.txt'}"],
+            "missing.txt: no such file or processed dataset",
+        ),
+        (
+            [
+                f"checkpoint={host_run.path}",
+                f"input={raw}",
+                f"output={tmp_path / 'a_file' / 'p.parquet'}",
+            ],
+            "a_file/p.parquet: cannot write there",
+        ),
+        ([f"checkpoint={host_run.path}", f"input={raw}", f"output={tmp_path}"], "is a directory"),
+        (
+            [f"checkpoint={host_run.path}", f"input={raw}"],
+            "output: required, e.g. output=predictions.parquet",
+        ),
+    ]
+    for overrides, message in cases:
+        code, _, err = run_predict(capsys, *overrides)
+        lines = err.strip().splitlines()
+        assert code == 1 and len(lines) == 1, (overrides, err)
+        assert lines[0].startswith("dlrm-cache predict: error:") and message in lines[0], (
+            overrides,
+            lines[0],
+        )
+    assert not out.exists() and not (out.parent.exists() and any(out.parent.iterdir()))
