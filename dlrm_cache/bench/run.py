@@ -120,7 +120,7 @@ def make_batches(table_rows: list[int], batch: int, n: int, alpha: float, seed: 
 
 def _copy(b: Batch) -> Batch:
     """A fresh Batch object per step (the loader attaches each step's analysis to its batch)."""
-    return Batch(b.dense, b.sparse, b.labels)
+    return Batch(b.dense, b.sparse, b.labels, layout=b.layout)
 
 
 def init_device(device: torch.device) -> None:

@@ -86,7 +86,8 @@ def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOpt
 
 def build_embeddings(
     cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
-) -> EmbeddingBackend:
+) -> tuple[EmbeddingBackend, list[Shard] | None]:
+    """The embeddings, and this rank's shards when they are sharded (its loader needs them)."""
     tables = [
         TableSpec(name, rows, cfg.model.embedding_dim)
         for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
@@ -96,7 +97,7 @@ def build_embeddings(
         check_host_memory(cfg, tables, optim)
         embeddings = make(tables)
         embeddings.import_tables(initial_state(tables, optim, cfg.seed))
-        return embeddings
+        return embeddings, None
     budget = host_budget(cfg, info.local_world_size)
     placement = plan_placement(tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"),
                                counts, cfg.shard_rows_above)
@@ -113,7 +114,7 @@ def build_embeddings(
             if f"{s.table}.{field}" in full:
                 state[f"{s.name}.{field}"] = full[f"{s.table}.{field}"][s.lo : s.hi]
     sharded.import_tables(state)
-    return sharded
+    return sharded, mine
 
 
 def build_dense_optimizer(cfg: DictConfig, params, device: torch.device) -> torch.optim.Optimizer:
@@ -205,6 +206,7 @@ class Run:
     total_steps: int
     log: JsonlLog
     resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
+    owned: list[Shard] | None = None  # this rank's embedding shards (sharded): what its loader keeps
 
     def checkpoint(self, step: int) -> None:
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
@@ -226,16 +228,18 @@ class Run:
         return result
 
     def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
-        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle)
+        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle,
+                           self.owned)
 
 
 def make_stream(cfg: DictConfig, manifest: Manifest, info: DistInfo, device: torch.device, split: str,
-                batch_size: int, shuffle: bool = False) -> ShardStream:
-    """Training batches drop the last partial batch; evaluation keeps every row."""
+                batch_size: int, shuffle: bool = False, owned: list[Shard] | None = None) -> ShardStream:
+    """Training batches drop the last partial batch; evaluation keeps every row.  ``owned``: this
+    rank's embedding shards when they are sharded (its batches then hold their ids for all rows)."""
     train = split == "train"
     return ShardStream(cfg.data.path, manifest, split, batch_size, shuffle, cfg.seed, info.rank, info.world_size,
                        drop_last=train, key="data.batch_size" if train else "data.eval_batch_size",
-                       pin=device.type == "cuda")
+                       pin=device.type == "cuda", shards=owned)
 
 
 def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
@@ -247,7 +251,7 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
     manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
-    embeddings = build_embeddings(cfg, manifest, data_path, device, info)
+    embeddings, owned = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
         embeddings,
         num_dense=len(manifest.dense_names),
@@ -266,8 +270,9 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle)
-    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size)
+    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle,
+                               owned)
+    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned)
     steps_per_epoch = len(train_stream)
     if steps_per_epoch == 0:
         raise ValueError(
@@ -280,7 +285,7 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
     log = JsonlLog(run_dir / "metrics.jsonl", enabled=info.is_main,
                    keep=ckpt.log_records(run_dir) if ckpt is not None else None)
     return Run(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
-               total_steps, log, ckpt)
+               total_steps, log, ckpt, owned)
 
 
 def restore(run: Run) -> int:

@@ -56,7 +56,7 @@ class Pipeline:
     def _to_device(self, batch: Batch) -> Batch:
         if self.device.type == "cpu":  # the same object: an analysis stays attached to its batch
             return batch
-        return self.layout.to(batch, self.device)
+        return batch.to(self.device)
 
     def __iter__(self) -> Iterator[Batch]:
         window: deque[Batch] = deque()
