@@ -37,6 +37,8 @@ def _counted_steps(root: str) -> dict:
         rank = dist.get_rank()
         m = Manifest.load(root)
         tables = [TableSpec(n, r, 8) for n, r in zip(m.sparse_names, m.table_sizes)]
+        # sgd: fbgemm's CPU rowwise_adagrad reads its host-side iteration counter every forward
+        # (iter_cpu.item(): host memory under CUDA too, no device sync), which would count here
         optim = SparseOptim("sgd", 0.1)
         shards = plan_placement(tables, 2, optim, 1e12, shard_rows_above=100).shards  # mixed
         mine = [s for s in shards if s.rank == rank]
