@@ -44,14 +44,16 @@ class OwnedShards:
         index = {f: j for j, f in enumerate(features)}
         unknown = [s.table for s in shards if s.table not in index]
         if unknown:
-            raise ValueError(f"shard of table {unknown[0]!r}, which is not a feature of the dataset")
+            raise ValueError(
+                f"shard of table {unknown[0]!r}, which is not a feature of the dataset"
+            )
         self.shards = list(shards)
         self.keys = [s.name for s in shards]
         self._columns = [index[s.table] for s in shards]
 
     def kjt(self, pieces: list[np.ndarray], pin: bool = False) -> KeyedJaggedTensor:
         """The KJT of a global batch given as consecutive row pieces of ids ``[features, rows]``
-        (host tensors, in pinned memory when ``pin``; offsets take the ids' dtype, as fbgemm wants)."""
+        (host tensors, pinned when ``pin``; offsets take the ids' dtype, as fbgemm wants)."""
         n = sum(p.shape[1] for p in pieces)
         dtype = pieces[0].dtype if pieces else np.dtype(np.int64)
         values, inside = [], []
@@ -78,11 +80,22 @@ class OwnedShards:
         np.cumsum(lens, out=offs[1:])
         return self._wrap(out_values, out_lengths, out_offsets, n, counts)
 
-    def _wrap(self, values: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor, n: int,
-              counts: list[int]) -> KeyedJaggedTensor:
+    def _wrap(
+        self,
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        offsets: torch.Tensor,
+        n: int,
+        counts: list[int],
+    ) -> KeyedJaggedTensor:
         return KeyedJaggedTensor(
-            keys=self.keys, values=values, lengths=lengths, offsets=offsets, stride=n,
-            length_per_key=counts, offset_per_key=list(accumulate(counts, initial=0)),
+            keys=self.keys,
+            values=values,
+            lengths=lengths,
+            offsets=offsets,
+            stride=n,
+            length_per_key=counts,
+            offset_per_key=list(accumulate(counts, initial=0)),
         )
 
     def sparse_to(self, kjt: KeyedJaggedTensor, device: torch.device) -> KeyedJaggedTensor:

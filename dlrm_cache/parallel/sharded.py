@@ -92,7 +92,8 @@ class ShardedEmbeddings(EmbeddingBackend):
         # Each rank's loss is a mean over its local rows; scaling the returning gradients by 1/W
         # makes the update the one a single process would make for the whole global batch.
         out = _PooledAllToAll.apply(mine, sizes, self._widths, b, 1.0 / self.world)
-        out = out.view(b, len(self.shards), self.dim).index_select(1, self._unpermute)  # [b, shards, D]
+        out = out.view(b, len(self.shards), self.dim)
+        out = out.index_select(1, self._unpermute)  # [b, shards, D] in global shard order
         if self._row_wise:
             out = out.new_zeros(b, len(self.tables), self.dim).index_add(1, self._shard_table, out)
         return KeyedTensor(

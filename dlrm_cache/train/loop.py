@@ -206,7 +206,7 @@ class Run:
     total_steps: int
     log: JsonlLog
     resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
-    owned: list[Shard] | None = None  # this rank's embedding shards (sharded): what its loader keeps
+    owned: list[Shard] | None = None  # this rank's embedding shards, which its loader keeps
 
     def checkpoint(self, step: int) -> None:
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
@@ -228,12 +228,13 @@ class Run:
         return result
 
     def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
-        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle,
-                           self.owned)
+        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size,
+                           shuffle, self.owned)
 
 
 def make_stream(cfg: DictConfig, manifest: Manifest, info: DistInfo, device: torch.device, split: str,
-                batch_size: int, shuffle: bool = False, owned: list[Shard] | None = None) -> ShardStream:
+                batch_size: int, shuffle: bool = False,
+                owned: list[Shard] | None = None) -> ShardStream:
     """Training batches drop the last partial batch; evaluation keeps every row.  ``owned``: this
     rank's embedding shards when they are sharded (its batches then hold their ids for all rows)."""
     train = split == "train"
@@ -270,9 +271,10 @@ def setup(cfg: DictConfig, device: torch.device, info: DistInfo) -> Run:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle,
-                               owned)
-    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned)
+    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size,
+                               cfg.data.shuffle, owned)
+    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size,
+                             owned=owned)
     steps_per_epoch = len(train_stream)
     if steps_per_epoch == 0:
         raise ValueError(

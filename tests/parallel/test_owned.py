@@ -1,4 +1,4 @@
-"""A sharded rank's batches: its rows' dense part, its own shards' ids over the whole global batch."""
+"""A sharded rank's batches: its rows' dense part, its own shards' ids over the global batch."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from dlrm_cache.parallel.plan import Shard, plan_placement
 
 def _placement(m: Manifest, world: int, shard_rows_above: int) -> list[Shard]:
     tables = [TableSpec(n, r, 8) for n, r in zip(m.sparse_names, m.table_sizes)]
-    return plan_placement(tables, world, SparseOptim("sgd"), 1e12, shard_rows_above=shard_rows_above).shards
+    return plan_placement(
+        tables, world, SparseOptim("sgd"), 1e12, shard_rows_above=shard_rows_above
+    ).shards
 
 
 def _expected(global_ids: np.ndarray, keys: list[str], shards: list[Shard]):
@@ -32,11 +34,19 @@ def _expected(global_ids: np.ndarray, keys: list[str], shards: list[Shard]):
     return values, lengths, per_key
 
 
-@pytest.mark.parametrize("split,batch,world,rows_above", [
-    ("train", 256, 2, 100),  # row-wise and whole tables, shuffled training batches
-    ("val", 1999, 2, 100),  # evaluation: the last global batch has 1 row, rank 0 gets none of it
-    ("val", 700, 7, 0),  # 5 whole tables over 7 ranks: two ranks own no shard
-])
+@pytest.mark.parametrize(
+    "split,batch,world,rows_above",
+    [
+        ("train", 256, 2, 100),  # row-wise and whole tables, shuffled training batches
+        (
+            "val",
+            1999,
+            2,
+            100,
+        ),  # evaluation: the last global batch has 1 row, rank 0 gets none of it
+        ("val", 700, 7, 0),  # 5 whole tables over 7 ranks: two ranks own no shard
+    ],
+)
 def test_owned_ids_match_a_recomputation_from_the_global_batch(
     shared_small_dataset: Path, split: str, batch: int, world: int, rows_above: int
 ):
@@ -44,11 +54,23 @@ def test_owned_ids_match_a_recomputation_from_the_global_batch(
     train = split == "train"
     shards = _placement(m, world, rows_above)
     assert any(s.lo > 0 for s in shards) == (rows_above > 0)
-    whole = list(ShardStream(shared_small_dataset, m, split, batch, train, seed=5, drop_last=train).batches())
+    whole = list(
+        ShardStream(shared_small_dataset, m, split, batch, train, seed=5, drop_last=train).batches()
+    )
     for rank in range(world):
         mine = [s for s in shards if s.rank == rank]
-        stream = ShardStream(shared_small_dataset, m, split, batch, train, seed=5, rank=rank, world_size=world,
-                             drop_last=train, shards=mine)
+        stream = ShardStream(
+            shared_small_dataset,
+            m,
+            split,
+            batch,
+            train,
+            seed=5,
+            rank=rank,
+            world_size=world,
+            drop_last=train,
+            shards=mine,
+        )
         got = list(stream.batches())
         assert len(got) == len(whole)
         for g, b in zip(whole, got):
@@ -65,7 +87,9 @@ def test_owned_ids_match_a_recomputation_from_the_global_batch(
             assert b.size == rank_sizes(n, world)[rank]
             torch.testing.assert_close(b.dense, g.dense[lo : lo + b.size], rtol=0, atol=0)
             torch.testing.assert_close(b.labels, g.labels[lo : lo + b.size], rtol=0, atol=0)
-    assert any(not [s for s in shards if s.rank == r] for r in range(world)) == (world > len(m.sparse_names))
+    assert any(not [s for s in shards if s.rank == r] for r in range(world)) == (
+        world > len(m.sparse_names)
+    )
 
 
 def test_batches_move_with_their_layout():
@@ -78,7 +102,9 @@ def test_batches_move_with_their_layout():
     assert kjt.offsets().dtype == torch.int64 and kjt.length_per_key() == [3, 2]
     meta = torch.device("meta")
     moved = layout.sparse_to(kjt, meta)
-    assert moved.values().device == meta and moved.stride() == 3 and moved.length_per_key() == [3, 2]
+    assert (
+        moved.values().device == meta and moved.stride() == 3 and moved.length_per_key() == [3, 2]
+    )
     assert moved.offset_per_key() == [0, 3, 5]
     with pytest.raises(ValueError, match="table 'C'"):
         OwnedShards(["A", "B"], [Shard("C", 0, 4, 4, 0)])

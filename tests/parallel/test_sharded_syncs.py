@@ -42,17 +42,35 @@ def _counted_steps(root: str) -> dict:
         optim = SparseOptim("sgd", 0.1)
         shards = plan_placement(tables, 2, optim, 1e12, shard_rows_above=100).shards  # mixed
         mine = [s for s in shards if s.rank == rank]
-        emb = ShardedEmbeddings(tables, optim, shards, lambda t, s: HostBackend(t, optim), torch.device("cpu"))
+        emb = ShardedEmbeddings(
+            tables, optim, shards, lambda t, s: HostBackend(t, optim), torch.device("cpu")
+        )
         full = initial_state(tables, optim, seed=0)
-        emb.import_tables({f"{s.name}.weight": full[f"{s.table}.weight"][s.lo : s.hi] for s in mine})
+        emb.import_tables(
+            {f"{s.name}.weight": full[f"{s.table}.weight"][s.lo : s.hi] for s in mine}
+        )
 
         def stream(split: str, size: int, owned: list[Shard] | None) -> list[Batch]:
             train = split == "train"
-            return list(ShardStream(root, m, split, size, train, seed=1, rank=rank, world_size=2,
-                                    drop_last=train, shards=owned).batches())
+            return list(
+                ShardStream(
+                    root,
+                    m,
+                    split,
+                    size,
+                    train,
+                    seed=1,
+                    rank=rank,
+                    world_size=2,
+                    drop_last=train,
+                    shards=owned,
+                ).batches()
+            )
 
         reads, ops, sizes = [], [], []
-        with torch.no_grad():  # 2000 rows in batches of 1999: the last one is 1 row, rank 0 gets none
+        with (
+            torch.no_grad()
+        ):  # 2000 rows in batches of 1999: the last one is 1 row, rank 0 gets none
             for b, ref in zip(stream("val", 1999, mine), stream("val", 1999, None)):
                 with HostSyncCounter() as c:
                     out = emb(b.sparse).values()
@@ -61,7 +79,9 @@ def _counted_steps(root: str) -> dict:
                 sizes.append(b.size)
                 # pooled rows of this rank's samples, in table order: a lookup in the whole tables
                 ids = ref.sparse.values().view(len(tables), -1).long()
-                want = torch.cat([full[f"{t.name}.weight"][ids[j]] for j, t in enumerate(tables)], 1)
+                want = torch.cat(
+                    [full[f"{t.name}.weight"][ids[j]] for j, t in enumerate(tables)], 1
+                )
                 assert torch.equal(out, want)
         for b in stream("train", 128, mine)[:3]:
             with HostSyncCounter() as c:
@@ -79,8 +99,15 @@ def _counted_steps(root: str) -> dict:
 
 def test_sharded_steps_read_nothing_back(shared_small_dataset: Path):
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn",
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
     )
     out = elastic_launch(config, _counted_steps)(str(shared_small_dataset))
     assert out[0]["sizes"] == [999, 0] and out[1]["sizes"] == [1000, 1]
@@ -97,13 +124,17 @@ def test_one_rank_equals_its_local_backend_through_the_pipeline(tmp_path: Path):
     sys.path.insert(0, str(REPO / "tests" / "embedding"))
     from test_freq_cache import make_batch, make_tables, random_state
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     try:
         tables, optim = make_tables(), SparseOptim("sgd", lr=0.1)
         shards = [Shard(t.name, 0, t.num_rows, t.num_rows, rank=0) for t in tables]
 
         def cache(local: list[TableSpec], mine: list[Shard] | None = None) -> FreqCacheBackend:
-            return FreqCacheBackend(local, optim, device="cpu", cache_ratio=0.05, policy="lru", lookahead=2)
+            return FreqCacheBackend(
+                local, optim, device="cpu", cache_ratio=0.05, policy="lru", lookahead=2
+            )
 
         sharded = ShardedEmbeddings(tables, optim, shards, cache, torch.device("cpu"))
         plain = cache(tables)
