@@ -51,7 +51,7 @@ def loader(cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
         samples, t_first, first = 0, math.nan, 0
         with Pipeline(
-            stream.batches(epoch), stream.layout, device, depth=cfg.prefetch_batches
+            stream.batches(epoch), device, depth=cfg.prefetch_batches
         ) as batches:
             for batch in batches:
                 if not samples:

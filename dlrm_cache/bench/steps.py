@@ -155,7 +155,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     # trained on).
     stream = (copy_batch(hosts[i % len(hosts)]) for i in range(total + emb.lookahead))
     t0, elapsed, stats = 0.0, 0.0, {}
-    with Pipeline(stream, layout, device, emb) as pipeline:
+    with Pipeline(stream, device, emb) as pipeline:
         for i, batch in enumerate(pipeline):
             if i == cfg.warmup:
                 sync(device)

@@ -12,6 +12,11 @@ column over the whole shard (a column of 250k ids stays in cache, per-batch gath
 and a batch is then one copy per tensor of contiguous column slices, written straight into pinned
 memory when the batches go to a GPU.  Every sample has exactly one id per feature, so the KJT's
 lengths and offsets depend only on the batch size: :class:`OneIdPerSample` builds them once.
+
+Under sharded embeddings (torchrun, parallel/sharded.py) a rank's batch holds its rows' dense
+features and labels, but its own shards' ids over the *whole* global batch (every rank decodes the
+whole batch anyway): :class:`~dlrm_cache.parallel.owned.OwnedShards`.  A batch moves itself to the
+device (:meth:`Batch.to`), so the pipeline does not depend on which of the two it holds.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -30,18 +36,33 @@ import pyarrow.compute as pc
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..parallel.owned import OwnedShards, rank_rows
+from ..parallel.placement import Shard
 from .format import LABEL, Manifest, open_parquet, read_errors
+
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
 
 
+class SparseLayout(Protocol):
+    """How a batch's KeyedJaggedTensor is built (by the loader) and moved to a device."""
+
+    def sparse_to(self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False) -> KeyedJaggedTensor:
+        """``kjt`` on ``device``, copied asynchronously from pinned memory (``copy``: even where it
+        already is on ``device``)."""
+        ...
+
+
 @dataclass
 class Batch:
-    dense: torch.Tensor  # [b, 13] float32
-    sparse: KeyedJaggedTensor  # 26 features, one id per sample (int32 ids unless a table needs int64)
+    dense: torch.Tensor  # [b, 13] float32: this rank's rows
+    # 26 features, one id per sample for this rank's rows (int32 ids unless a table needs int64);
+    # under sharded embeddings: this rank's shards over the whole global batch (OwnedShards)
+    sparse: KeyedJaggedTensor
     labels: torch.Tensor  # [b] float32
     analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
+    layout: SparseLayout | None = None  # how ``sparse`` travels; None: all of its tensors
     # the shards (paths in the dataset) the rows of its global batch came from: what an error
     # about this batch names (the same on every rank, whatever the placement)
     source: tuple[str, ...] = ()
@@ -49,6 +70,23 @@ class Batch:
     @property
     def size(self) -> int:
         return self.labels.numel()
+
+    def to(self, device: torch.device, copy: bool = False) -> Batch:
+        """This batch on ``device``: asynchronous copies (from pinned memory), nothing read back;
+        the analysis and the source stay attached.  ``copy``: new tensors even where the batch
+        already is on ``device`` (the tests' stream recorder sees the copy)."""
+        if self.layout is not None:
+            sparse = self.layout.sparse_to(self.sparse, device, copy)
+        else:
+            sparse = self.sparse.to(device, non_blocking=True)
+        return Batch(
+            self.dense.to(device, non_blocking=True, copy=copy),
+            sparse,
+            self.labels.to(device, non_blocking=True, copy=copy),
+            self.analysis,
+            self.layout,
+            self.source,
+        )
 
 
 class OneIdPerSample:
@@ -85,20 +123,16 @@ class OneIdPerSample:
         )
 
     def batch(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> Batch:
-        return Batch(dense, self.kjt(ids), labels)
+        return Batch(dense, self.kjt(ids), labels, layout=self)
 
-    def to(self, batch: Batch, device: torch.device, copy: bool = False) -> Batch:
-        """``batch`` on ``device`` (asynchronous from pinned memory); only the ids travel, the
-        lengths and offsets of that batch size already live there.  ``copy``: new tensors even
-        where ``batch`` already is on ``device``."""
-        ids = batch.sparse.values().view(len(self.keys), batch.sparse.stride())
-        return Batch(
-            batch.dense.to(device, non_blocking=True, copy=copy),
-            self.kjt(ids.to(device, non_blocking=True, copy=copy)),
-            batch.labels.to(device, non_blocking=True, copy=copy),
-            batch.analysis,
-            batch.source,
-        )
+    def sparse_to(self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False) -> KeyedJaggedTensor:
+        """Only the ids travel (asynchronously): the lengths and offsets of that batch size
+        already live on ``device``."""
+        if kjt.values().device == device and not copy:
+            return kjt
+        ids = kjt.values().view(len(self.keys), kjt.stride())
+        return self.kjt(ids.to(device, non_blocking=True, copy=copy))
+
 
 
 @dataclass
@@ -133,7 +167,11 @@ class ShardStream:
         drop_last: bool = True,
         key: str = "data.batch_size",
         pin: bool = False,
+        shards: list[Shard] | None = None,
     ) -> None:
+        """``shards``: this rank's embedding shards when the tables are sharded over the ranks
+        (parallel/placement.py): a batch's ids are then those shards' ids over the whole global batch
+        (:class:`OwnedShards`); ``None``: every feature's ids of this rank's rows."""
         if split not in manifest.splits:
             raise ValueError(f"{root}: the dataset has no '{split}' split (has {sorted(manifest.splits)})")
         # Training batches split exactly (every rank the same size, so the global batch is the
@@ -155,7 +193,9 @@ class ShardStream:
         self.pin = pin  # batches in pinned memory (a GPU copies them asynchronously)
         self.keys = list(manifest.sparse_names)
         self.dense_names = list(manifest.dense_names)
-        self.layout = OneIdPerSample(self.keys)
+        self.one_id = OneIdPerSample(self.keys)
+        self.owned = None if shards is None else OwnedShards(self.keys, shards)
+        self.layout: SparseLayout = self.one_id if self.owned is None else self.owned
         self.id_dtype = torch.int32 if max(self.table_sizes) <= np.iinfo(np.int32).max else torch.int64
 
     def __len__(self) -> int:
@@ -253,8 +293,9 @@ class ShardStream:
 
     def _local(self, pieces: list[_Columns], n: int) -> Batch:
         """This rank's contiguous share of a global batch of ``n`` rows made of ``pieces`` (as even as
-        possible; may be empty), copied into one tensor each: ids [26, b] are the KJT's values."""
-        lo, hi = (n * self.rank) // self.world_size, (n * (self.rank + 1)) // self.world_size
+        possible; may be empty), copied into one tensor each: ids [26, b] are the KJT's values.
+        Under sharded embeddings the ids are the rank's shards' over all ``n`` rows instead."""
+        lo, hi = rank_rows(n, self.rank, self.world_size)
         mine, at = [], 0
         for p in pieces:
             a, b = max(lo, at), min(hi, at + len(p))
@@ -262,18 +303,24 @@ class ShardStream:
                 mine.append(p.rows(a - at, b - at))
             at += len(p)
         b = hi - lo
-        ids = torch.empty((len(self.keys), b), dtype=self.id_dtype, pin_memory=self.pin)
         dense = torch.empty((b, len(self.dense_names)), dtype=torch.float32, pin_memory=self.pin)
         labels = torch.empty(b, dtype=torch.float32, pin_memory=self.pin)
         # numpy copies: torch's intra-op thread pool would fight the training thread for the cores
         at = 0
         for p in mine:
             k = len(p)
-            np.copyto(ids.numpy()[:, at : at + k], p.ids)
             np.copyto(dense.numpy()[at : at + k], p.dense.T)
             np.copyto(labels.numpy()[at : at + k], p.labels)
             at += k
-        return self.layout.batch(dense, ids, labels)
+        if self.owned is not None:
+            sparse = self.owned.kjt([p.ids for p in pieces], self.pin)
+            return Batch(dense, sparse, labels, layout=self.owned)
+        ids = torch.empty((len(self.keys), b), dtype=self.id_dtype, pin_memory=self.pin)
+        at = 0
+        for p in mine:
+            np.copyto(ids.numpy()[:, at : at + len(p)], p.ids)
+            at += len(p)
+        return self.one_id.batch(dense, ids, labels)
 
 
 def _sourced(local: Callable[[list[_Columns], int], Batch], pieces: list[_Columns], n: int) -> Batch:

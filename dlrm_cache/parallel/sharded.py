@@ -1,29 +1,38 @@
 """Model-parallel embeddings: each rank owns shards (whole tables or row ranges of one).
 
-Per step, ids travel to the owner of their shard and pooled embeddings travel back, both by
-all-to-all; gradients take the reverse path in backward.  A row-wise split table comes back as one
-partial sum per shard, added up on the batch's rank (autograd sends the gradient to every shard).
-Everything is synchronous collectives, so the result does not depend on timing, and the same code
-runs on gloo (CPU) and NCCL (GPU).
+Every rank's loader hands it its own shards' ids for *all* samples of the global batch
+(:class:`~dlrm_cache.parallel.owned.OwnedShards`, built on the loader thread), so no ids travel at
+step time.  The rank looks them up in its local backend and sends each batch rank its rows of the
+pooled result by one all-to-all; gradients take the reverse path in backward.  The exchange's
+sizes follow from the global batch size and the rank count (:func:`rank_sizes`, the loader's own
+split), so the step never reads a size or a count back from a device.  A row-wise split table comes
+back as one partial sum per shard, added up on the batch's rank (autograd sends the gradient to
+every shard).  Everything is synchronous collectives, so the result does not depend on timing, and
+the same code runs on gloo (CPU) and NCCL (GPU).
 
-The wrapper is itself an :class:`EmbeddingBackend`, so the model and the trainer do not change.
+The wrapper is itself an :class:`EmbeddingBackend`: its input is the rank's shards' KJT over the
+global batch, its output the pooled embeddings of the rank's rows for every table, in table order.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled, pop_prefetched
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
+from .owned import rank_sizes
 from .placement import Shard
 
 
 class ShardedEmbeddings(EmbeddingBackend):
-    """Table-wise and row-wise sharding of an embedding backend over the default process group."""
+    """Table-wise and row-wise sharding of an embedding backend over the default process group.
+
+    ``forward``/``prefetch``/``analyze`` take the KJT of this rank's shards (:attr:`mine`, keys in
+    that order) over the whole global batch, as a loader built with those shards makes it.
+    """
 
     def __init__(
         self,
@@ -36,18 +45,16 @@ class ShardedEmbeddings(EmbeddingBackend):
         super().__init__(tables, optim)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = device
-        # NCCL moves device tensors only; gloo moves host tensors
-        self.comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.dim = tables[0].dim
         self.shards = list(shards)
         self.by_rank = [[s for s in shards if s.rank == r] for r in range(self.world)]
         self.mine = self.by_rank[self.rank]
+        self._mine_keys = [s.name for s in self.mine]
         local_tables = [TableSpec(s.name, s.hi - s.lo, self.dim) for s in self.mine]
         self.local = make_local(local_tables, self.mine) if self.mine else None
-        # Every rank must prefetch (each prefetch is a collective), also one that owns no shard.
-        depth = torch.tensor([self.local.lookahead if self.local is not None else 0], device=self.comm_device)
-        dist.all_reduce(depth, op=dist.ReduceOp.MAX)
-        self.lookahead = int(depth.item())
+        # prefetch is local (no collective), so the ranks need not agree on a look-ahead
+        self.lookahead = self.local.lookahead if self.local is not None else 0
+        self._widths = [len(shards_r) * self.dim for shards_r in self.by_rank]
         # received pooled blocks are rank-major; put them back in global shard order, then add the
         # shards of each table together (one shard per table when nothing is split row-wise)
         order = [s.name for shards_r in self.by_rank for s in shards_r]
@@ -56,103 +63,50 @@ class ShardedEmbeddings(EmbeddingBackend):
         table_index = {t.name: i for i, t in enumerate(tables)}
         self._shard_table = torch.tensor([table_index[s.table] for s in self.shards], device=device)
         self._row_wise = len(self.shards) != len(tables)
-        self._pending: deque[tuple[KeyedJaggedTensor, KeyedJaggedTensor | None, list[int], bool]] = deque()
 
-    # -- ids to their owners -----------------------------------------------------------------
-    def _per_key(self, kjt: KeyedJaggedTensor, b: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """feature -> (ids, lengths) of a batch; works for an empty batch (a rank's share of an
-        uneven last evaluation batch can be zero rows, which KeyedJaggedTensor.to_dict rejects)."""
-        lengths = kjt.lengths().long().view(len(kjt.keys()), b)
-        values = kjt.values().long().split(lengths.sum(1).tolist())
-        return {k: (v, l) for k, v, l in zip(kjt.keys(), values, lengths)}
-
-    def _shard_ids(self, per_key, s: Shard) -> tuple[torch.Tensor, torch.Tensor]:
-        """(lengths per sample, ids relative to the shard) of this rank's batch for shard ``s``."""
-        values, lengths = per_key[s.table]
-        if (s.lo, s.hi) == (0, s.rows_in_table):
-            return lengths, values
-        inside = (values >= s.lo) & (values < s.hi)
-        sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device), lengths)
-        return torch.bincount(sample[inside], minlength=lengths.numel()), values[inside] - s.lo
-
-    def _dist_ids(self, kjt: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor | None, list[int]]:
-        b = kjt.stride()
-        cd = self.comm_device
-        sizes_t = [torch.zeros(1, dtype=torch.int64, device=cd) for _ in range(self.world)]
-        dist.all_gather(sizes_t, torch.tensor([b], dtype=torch.int64, device=cd))
-        batch_sizes = [int(s) for s in sizes_t]  # eval batches may differ by a row between ranks
-        per_key = self._per_key(kjt, b)
-        lengths_out, values_out, val_in = [], [], []
-        for shards_r in self.by_rank:
-            n_vals = 0
-            for s in shards_r:
-                lengths, values = self._shard_ids(per_key, s)
-                lengths_out.append(lengths)
-                values_out.append(values)
-                n_vals += values.numel()
-            val_in.append(n_vals)
-        empty = torch.zeros(0, dtype=torch.int64, device=cd)
-        lengths_send = torch.cat(lengths_out).to(cd) if lengths_out else empty
-        values_send = torch.cat(values_out).to(cd) if values_out else empty
-        n_mine = len(self.mine)
-        len_in = [len(shards_r) * b for shards_r in self.by_rank]
-        len_out = [n_mine * bs for bs in batch_sizes]
-        lengths_recv = torch.empty(sum(len_out), dtype=torch.int64, device=cd)
-        dist.all_to_all_single(lengths_recv, lengths_send, len_out, len_in)
-        val_out = [int(c.sum()) for c in lengths_recv.split(len_out)]
-        values_recv = torch.empty(sum(val_out), dtype=torch.int64, device=cd)
-        dist.all_to_all_single(values_recv, values_send, val_out, val_in)
-        if not n_mine:
-            return None, batch_sizes
-        # received blocks are (source rank, shard, sample): regroup as (shard, source, sample)
-        lengths_by_src = [l.view(n_mine, -1) for l in lengths_recv.split(len_out)]
-        seg = [list(v.split(l.sum(1).tolist())) for v, l in zip(values_recv.split(val_out), lengths_by_src)]
-        lengths, values = [], []
-        for f in range(n_mine):
-            for src in range(self.world):
-                lengths.append(lengths_by_src[src][f])
-                values.append(seg[src][f])
-        local = KeyedJaggedTensor.from_lengths_sync(
-            keys=[s.name for s in self.mine],
-            values=torch.cat(values).to(self.device),
-            lengths=torch.cat(lengths).to(self.device).int(),
-        )
-        return local, batch_sizes
+    def _check(self, features: KeyedJaggedTensor) -> None:
+        if list(features.keys()) != self._mine_keys:
+            raise ValueError(
+                f"rank {self.rank} owns shards {self._mine_keys} but got a batch of "
+                f"{list(features.keys())}: the loader must be built with this rank's shards"
+            )
 
     # -- the interface -------------------------------------------------------------------------
+    def analyze(self, features: KeyedJaggedTensor) -> object | None:
+        return self.local.analyze(features) if self.local is not None else None
+
     def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
-        local, sizes = self._dist_ids(features)
-        if self.local is not None and local is not None:
-            self.local.prefetch(local)
-        self._pending.append((features, local, sizes, torch.is_grad_enabled()))
+        self._check(features)
+        if self.local is not None:
+            self.local.prefetch(features, analysis)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        entry = pop_prefetched(self._pending, features, lambda e: e[0], lambda e: e[3])
-        if entry is not None:
-            _, local, sizes, _ = entry
-        else:
-            local, sizes = self._dist_ids(features)
-        b = features.stride()
+        self._check(features)
+        n = features.stride()  # the global batch
+        sizes = rank_sizes(n, self.world)  # eval batches may split unevenly, a share may be empty
+        b = sizes[self.rank]
         if self.local is not None:
-            mine = self.local(local).values()  # [sum(sizes), shards_mine * D]
+            mine = self.local(features).values()  # [n, shards_mine * D]
         else:
-            mine = torch.zeros(sum(sizes), 0, device=self.device, requires_grad=True)
-        widths = [len(shards_r) * self.dim for shards_r in self.by_rank]
+            mine = torch.zeros(n, 0, device=self.device, requires_grad=True)
         # Each rank's loss is a mean over its local rows; scaling the returning gradients by 1/W
         # makes the update the one a single process would make for the whole global batch.
-        out = _PooledAllToAll.apply(mine, sizes, widths, b, 1.0 / self.world)
-        out = out.view(b, len(self.shards), self.dim).index_select(1, self._unpermute)  # [B, shards, D]
+        out = _PooledAllToAll.apply(mine, sizes, self._widths, b, 1.0 / self.world)
+        out = out.view(b, len(self.shards), self.dim)
+        out = out.index_select(1, self._unpermute)  # [b, shards, D] in global shard order
         if self._row_wise:
             out = out.new_zeros(b, len(self.tables), self.dim).index_add(1, self._shard_table, out)
-        return pooled(features, out.reshape(b, len(self.tables) * self.dim), self.dim)
+        return KeyedTensor(
+            keys=self.feature_names,
+            length_per_key=[self.dim] * len(self.tables),
+            values=out.reshape(b, len(self.tables) * self.dim),
+        )
 
     def step_done(self) -> None:
         if self.local is not None:
             self.local.step_done()
 
     def cancel_prefetch(self, grad: bool | None = None) -> None:
-        for entry in [e for e in self._pending if grad is None or e[3] == grad]:
-            self._pending.remove(entry)
         if self.local is not None:
             self.local.cancel_prefetch(grad)
 

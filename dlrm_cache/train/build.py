@@ -82,7 +82,8 @@ def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOpt
 
 def build_embeddings(
     cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
-) -> EmbeddingBackend:
+) -> tuple[EmbeddingBackend, list[Shard] | None]:
+    """The embeddings, and this rank's shards when they are sharded (its loader needs them)."""
     tables = [
         TableSpec(name, rows, cfg.model.embedding_dim)
         for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
@@ -92,7 +93,7 @@ def build_embeddings(
         check_host_memory(cfg, tables, optim)
         embeddings = make(tables)
         embeddings.import_tables(initial_state(tables, optim, cfg.seed))
-        return embeddings
+        return embeddings, None
     budget = host_budget(cfg, info.local_world_size)
     placement = plan_placement(tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"),
                                counts, cfg.shard_rows_above)
@@ -109,7 +110,7 @@ def build_embeddings(
             if f"{s.table}.{field}" in full:
                 state[f"{s.name}.{field}"] = full[f"{s.table}.{field}"][s.lo : s.hi]
     sharded.import_tables(state)
-    return sharded
+    return sharded, mine
 
 
 @dataclass
@@ -130,6 +131,7 @@ class TrainingRun:
     total_steps: int
     log: JsonlLog
     resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
+    owned: list[Shard] | None = None  # this rank's embedding shards, which its loader keeps
 
     def checkpoint(self, step: int) -> None:
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
@@ -152,16 +154,19 @@ class TrainingRun:
         return result
 
     def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
-        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle)
+        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size,
+                           shuffle, self.owned)
 
 
 def make_stream(cfg: DictConfig, manifest: Manifest, info: DistInfo, device: torch.device, split: str,
-                batch_size: int, shuffle: bool = False) -> ShardStream:
-    """Training batches drop the last partial batch; evaluation keeps every row."""
+                batch_size: int, shuffle: bool = False,
+                owned: list[Shard] | None = None) -> ShardStream:
+    """Training batches drop the last partial batch; evaluation keeps every row.  ``owned``: this
+    rank's embedding shards when they are sharded (its batches then hold their ids for all rows)."""
     train = split == "train"
     return ShardStream(cfg.data.path, manifest, split, batch_size, shuffle, cfg.seed, info.rank, info.world_size,
                        drop_last=train, key="data.batch_size" if train else "data.eval_batch_size",
-                       pin=device.type == "cuda")
+                       pin=device.type == "cuda", shards=owned)
 
 
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
@@ -174,7 +179,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     claim_run_dir(run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg)  # one run per run dir
     torch.manual_seed(cfg.seed)
-    embeddings = build_embeddings(cfg, manifest, data_path, device, info)
+    embeddings, owned = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
         embeddings,
         num_dense=len(manifest.dense_names),
@@ -193,8 +198,10 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle)
-    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size)
+    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size,
+                               cfg.data.shuffle, owned)
+    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size,
+                             owned=owned)
     steps_per_epoch = len(train_stream)
     if steps_per_epoch == 0:
         raise ValueError(
@@ -210,7 +217,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
 
     attach_tensorboard(log, cfg.logger.tensorboard, run_dir)
     return TrainingRun(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
-               total_steps, log, ckpt)
+               total_steps, log, ckpt, owned)
 
 
 def restore(run: TrainingRun) -> int:

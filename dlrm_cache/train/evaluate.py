@@ -22,7 +22,7 @@ def evaluate(
     """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too)."""
     model.eval()
     metrics = EvalMetrics(device)
-    with Pipeline(stream.batches(), stream.layout, device, embeddings, depth=depth, train=False) as batches:
+    with Pipeline(stream.batches(), device, embeddings, depth=depth, train=False) as batches:
         for i, batch in enumerate(batches):
             if 0 <= max_batches <= i:
                 break

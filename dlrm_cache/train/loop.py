@@ -72,7 +72,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     model.train()
     while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
-        with Pipeline(run.train_stream.batches(epoch, start), run.train_stream.layout, run.device, embeddings,
+        with Pipeline(run.train_stream.batches(epoch, start), run.device, embeddings,
                       cfg.data.prefetch_batches, cfg.data.analysis_threads) as pipeline:
             for batch in pipeline:
                 if math.isnan(startup_s):

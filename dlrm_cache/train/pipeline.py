@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..data.loader import Batch, OneIdPerSample, Prefetcher
+from ..data.loader import Batch, Prefetcher
 from ..embedding.base import EmbeddingBackend
 from ..streams import streams_for
 
@@ -42,7 +42,6 @@ class Pipeline:
     def __init__(
         self,
         batches: Iterator[Batch],
-        layout: OneIdPerSample,
         device: torch.device,
         backend: EmbeddingBackend | None = None,
         depth: int = 4,
@@ -52,7 +51,6 @@ class Pipeline:
         self.lookahead = backend.lookahead if backend is not None else 0
         self.backend = backend
         self.train = train
-        self.layout = layout
         self.device = device
         self.streams = streams_for(device)
         analyze = self._analyze if self.lookahead else None
@@ -69,7 +67,7 @@ class Pipeline:
         if not st.asynchronous:  # the same object: an analysis stays attached to its batch
             return batch, None
         with st.use(st.input):
-            batch = self.layout.to(batch, self.device, copy=True)
+            batch = batch.to(self.device, copy=True)
         return batch, st.record_event(st.input)
 
     def __iter__(self) -> Iterator[Batch]:

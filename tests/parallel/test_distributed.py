@@ -8,7 +8,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -156,45 +155,3 @@ def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, t
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     assert out[0]["embedding_rows_loaded"] > 0 and 0 < out[0]["embedding_hit_rate"] < 1
 
-
-def test_sharded_forward_consumes_its_prefetched_batch(tmp_path: Path):
-    """A training forward takes the oldest prefetched batch (FIFO), also when it is another KJT
-    object holding that batch: forward must take the prefetched ids exchange, not redo it, and the
-    pending queue must not grow with every step.  One gloo rank, in process."""
-    import torch.distributed as dist
-
-    from dlrm_cache.embedding.base import SparseOptim, TableSpec
-    from dlrm_cache.embedding.freq_cache import FreqCacheBackend
-    from dlrm_cache.parallel.placement import Shard
-    from dlrm_cache.parallel.sharded import ShardedEmbeddings
-
-    sys.path.insert(0, str(REPO / "tests" / "embedding"))
-    from test_freq_cache import make_batch, make_tables
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        tables = make_tables()
-        shards = [Shard(t.name, 0, t.num_rows, t.num_rows, rank=0) for t in tables]
-
-        def make(local: list[TableSpec], mine: list[Shard]):
-            return FreqCacheBackend(local, SparseOptim("sgd", lr=0.1), device="cpu", cache_ratio=0.05,
-                                    policy="lru", lookahead=2)
-
-        emb = ShardedEmbeddings(tables, SparseOptim("sgd", lr=0.1), shards, make, torch.device("cpu"))
-        calls = []
-        exchange = emb._dist_ids
-        emb._dist_ids = lambda kjt: calls.append(1) or exchange(kjt)
-        rng = np.random.default_rng(0)
-        batches = [make_batch(rng, tables, 32) for _ in range(6)]
-        for b in batches[:2]:
-            emb.prefetch(b)
-        for i, b in enumerate(batches):
-            if i + 2 < len(batches):
-                emb.prefetch(batches[i + 2])
-            emb(b.to(torch.device("cpu"))).values().sum().backward()
-        assert len(calls) == len(batches) and not emb._pending
-        with torch.no_grad():  # an ad-hoc evaluation batch: its own exchange
-            emb(make_batch(rng, tables, 32))
-        assert len(calls) == len(batches) + 1
-    finally:
-        dist.destroy_process_group()

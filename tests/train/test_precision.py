@@ -114,7 +114,7 @@ def test_gpu_training_step_never_synchronises_the_host(backend, precision, compi
                             torch.from_numpy(rng.integers(0, 1000, (4, 256), dtype=np.int32)).pin_memory(),
                             torch.from_numpy((rng.random(256) < 0.3).astype(np.float32)).pin_memory())
                for _ in range(6)]
-    with Pipeline(iter(batches), layout, device, emb) as pipeline:
+    with Pipeline(iter(batches), device, emb) as pipeline:
         for i, b in enumerate(pipeline):
             torch.cuda.set_sync_debug_mode("error" if i >= 2 else "default")
             try:
