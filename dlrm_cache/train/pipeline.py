@@ -19,7 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
-from ..data.loader import Batch, OneIdPerSample, Prefetcher
+from ..data.loader import Batch, OneIdPerSample
+from ..threads import Prefetcher
 from ..embedding.base import EmbeddingBackend
 
 
