@@ -36,17 +36,18 @@ class BadLineLog:
             lines, reasons = lines[keep], reasons[keep]
         if len(lines) == 0:
             return
-        for r, n in zip(*np.unique(reasons, return_counts=True)):
-            self.counts[REASONS[r]] = self.counts.get(REASONS[r], 0) + int(n)
+        codes, first, n = np.unique(reasons, return_index=True, return_counts=True)
+        for k in np.argsort(first):  # reasons in order of first occurrence, as a line-by-line log
+            self.counts[REASONS[codes[k]]] = self.counts.get(REASONS[codes[k]], 0) + int(n[k])
         msg = {ln: f"{path}:{file_first_line + ln + 1}: {d}" for ln, d in part.details.items()}
         if self.policy == "fail":
             raise criteo.BadLineError(msg[int(lines[0])])
         for k, ln in enumerate(lines[: max(0, self.max_reports - len(self.reports))]):
             self.reports.append(msg[int(ln)])
-        for r in np.unique(reasons):
-            if REASONS[r] not in self.first:
-                at = int(lines[np.argmax(reasons == r)])
-                self.first[REASONS[r]] = msg.get(at) or _any_of(msg, REASONS[r])
+        for k in np.argsort(first):
+            reason = REASONS[codes[k]]
+            if reason not in self.first:
+                self.first[reason] = msg.get(int(lines[first[k]])) or _any_of(msg, reason)
 
 
 def _any_of(msg: dict[int, str], reason: str) -> str:
