@@ -50,7 +50,7 @@ def _run(name: str, cmd: list[str], env: dict[str, str], lines: int, cwd: Path) 
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{name} failed:\n{out[-3000:]}")
-    stages = re.search(r"preprocess: time per stage.*", out)
+    stages = re.search(r"preprocess: CPU seconds per stage.*", out)
     return Result(name, lines, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
                   (load0, os.getloadavg()[0]), stages.group(0) if stages else "")
 

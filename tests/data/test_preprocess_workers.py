@@ -127,3 +127,4 @@ def test_torchrun_rank_killed_leaves_output_absent_or_complete(raw3: Path, tmp_p
     m = pp.preprocess(pp_config(raw3, out, workers=2, overwrite=True))
     assert m == Manifest.load(ref) and _tree(out) == _tree(ref)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ds.")] == []
+

@@ -33,7 +33,7 @@ STAGES = ("parse", "stage", "count", "rank", "read", "encode", "write")
 
 
 class Timings:
-    """Worker-seconds per stage (summed over workers) and wall seconds per phase."""
+    """CPU seconds per stage (summed over workers: robust to a busy machine) and wall seconds per phase."""
 
     def __init__(self) -> None:
         self.busy = dict.fromkeys(STAGES, 0.0)
@@ -46,7 +46,7 @@ class Timings:
     def line(self) -> str:
         busy = ", ".join(f"{k} {v:.1f}" for k, v in self.busy.items())
         wall = ", ".join(f"{k} {v:.1f}" for k, v in self.wall.items())
-        return f"preprocess: time per stage (worker-seconds): {busy}; wall seconds: {wall}"
+        return f"preprocess: CPU seconds per stage: {busy}; wall seconds: {wall}"
 
 
 def _bar(total: int, desc: str, unit: str, progress: bool) -> tqdm:

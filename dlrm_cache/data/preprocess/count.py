@@ -44,7 +44,7 @@ def split_rows(plan: SplitPlan, span: PartSpan) -> list[int]:
 def count_group(plan: SplitPlan, spans: list[PartSpan], out: str) -> tuple[list[list[int]], float]:
     """Count the training ids of a group of parts; write ``out.f{j}.{ids,counts}.npy`` per feature.
     Returns each part's rows per split and the seconds spent."""
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     counters = [IdCounter() for _ in range(NUM_SPARSE)]
     rows = []
     for span in spans:
@@ -59,7 +59,7 @@ def count_group(plan: SplitPlan, spans: list[PartSpan], out: str) -> tuple[list[
         ids, counts = c.result()
         np.save(f"{out}.f{j:02d}.ids.npy", ids)
         np.save(f"{out}.f{j:02d}.counts.npy", counts)
-    return rows, time.perf_counter() - t0
+    return rows, time.process_time() - t0
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Ranked:
 
 def merge_feature(j: int, groups: list[str], min_count: int, hash_modulus: int, prefix: str) -> Ranked:
     """Sum feature j's partial counts, rank them, write its stats and id -> row table."""
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     ids = np.concatenate([np.load(f"{g}.f{j:02d}.ids.npy") for g in groups])
     counts = np.concatenate([np.load(f"{g}.f{j:02d}.counts.npy") for g in groups])
     fs = rank_feature(*sum_by_id(ids, counts), min_count)
@@ -82,7 +82,7 @@ def merge_feature(j: int, groups: list[str], min_count: int, hash_modulus: int, 
     np.save(f"{prefix}.counts.npy", fs.counts)
     rows = np.arange(len(fs.ids), dtype=np.int64)
     idtable.build(f"{prefix}.table", fs.ids, rows, fs.table_size - 1, hash_modulus)
-    return Ranked(len(fs.ids), fs.rare_count, fs.rare_ids, time.perf_counter() - t0)
+    return Ranked(len(fs.ids), fs.rare_count, fs.rare_ids, time.process_time() - t0)
 
 
 def load_stats(prefix: str, r: Ranked) -> FeatureStats:

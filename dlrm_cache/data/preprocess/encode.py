@@ -72,18 +72,18 @@ class Encoder:
 
     def shard(self, job: ShardJob, root: Path, write: Callable[[pa.Table, Path], None]) -> dict[str, float]:
         """Build and write one shard; returns seconds spent reading parts, encoding and writing."""
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         cols = {}
         for name in ("label", "dense", "ids"):
             arrs = [load_column(p.prefix, name)[..., p.start : p.stop] for p in job.pieces]
             cols[name] = np.concatenate(arrs, axis=-1) if len(arrs) > 1 else np.array(arrs[0])
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         rows = np.empty((NUM_SPARSE, job.rows), dtype=self.dtype)
         for j, table in enumerate(self.tables):
             table.lookup(cols["ids"][j], rows[j])
         table_cols = {LABEL: pa.array(cols["label"])}
         table_cols.update({n: pa.array(cols["dense"][i]) for i, n in enumerate(DENSE_NAMES)})
         table_cols.update({n: pa.array(rows[j]) for j, n in enumerate(SPARSE_NAMES)})
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         write(pa.table(table_cols), root / job.rel)
-        return {"read": t1 - t0, "encode": t2 - t1, "write": time.perf_counter() - t2}
+        return {"read": t1 - t0, "encode": t2 - t1, "write": time.process_time() - t2}
