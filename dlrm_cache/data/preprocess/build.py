@@ -29,7 +29,7 @@ from .splits import SplitPlan, plan_splits
 from .workers import Runner, star
 
 WORK = ".work"
-STAGES = ("parse", "stage", "count", "rank", "read", "encode", "write")
+STAGES = ("parse", "stage", "count", "merge", "rank", "read", "encode", "write")
 
 
 class Timings:
@@ -164,8 +164,13 @@ def _count(cfg: Any, plan: SplitPlan, spans: list[count.PartSpan], work: Path, r
         results = runner.map(star, jobs, done=lambda r: bar.update(len(r[0])))
     split_rows = [rows for group_rows, _ in results for rows in group_rows]
     timings.add({"count": sum(secs for _, secs in results)})
+    buckets = n_groups
+    merged = [[str(work / f"merged-{j:02d}-{b:04d}") for b in range(buckets)] for j in range(NUM_SPARSE)]
+    jobs = [(count.merge_bucket, j, b, buckets, groups, merged[j][b]) for j in range(NUM_SPARSE)
+            for b in range(buckets)]
+    timings.add({"merge": sum(runner.map(star, jobs))})
     prefixes = [count.feature_prefix(work, j) for j in range(NUM_SPARSE)]
-    jobs = [(count.merge_feature, j, groups, int(cfg.min_count), int(cfg.hash_modulus), prefixes[j])
+    jobs = [(count.rank, j, merged[j], int(cfg.min_count), int(cfg.hash_modulus), prefixes[j])
             for j in range(NUM_SPARSE)]
     ranked = runner.map(star, jobs)
     timings.add({"rank": sum(r.seconds for r in ranked)})

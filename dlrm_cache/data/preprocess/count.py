@@ -62,9 +62,35 @@ def count_group(plan: SplitPlan, spans: list[PartSpan], out: str) -> tuple[list[
     return rows, time.process_time() - t0
 
 
+# Partial counts are cut into buckets by id value, so merging one bucket holds ~1/buckets of every
+# group's partial: a merge job's memory stays ~ distinct ids x 16 B whatever the number of groups.
+_ID_LOW, _ID_HIGH = -1, 1 << 32  # MISSING_ID .. the largest 8-hex-digit id
+
+
+def bucket_bounds(buckets: int) -> np.ndarray:
+    """Id values where buckets start (evenly spaced: ids are hashes)."""
+    return np.linspace(_ID_LOW, _ID_HIGH, buckets + 1).astype(np.int64)[1:-1]
+
+
+def merge_bucket(j: int, b: int, buckets: int, groups: list[str], out: str) -> float:
+    """Sum every group's counts of feature j's ids in bucket b; writes ``out`` (sorted ids)."""
+    t0 = time.process_time()
+    bounds = np.concatenate(([_ID_LOW], bucket_bounds(buckets), [_ID_HIGH + 1]))
+    ids_parts, count_parts = [], []
+    for g in groups:
+        ids = np.load(f"{g}.f{j:02d}.ids.npy", mmap_mode="r")
+        lo, hi = np.searchsorted(ids, bounds[b : b + 2])
+        ids_parts.append(np.asarray(ids[lo:hi]))
+        count_parts.append(np.asarray(np.load(f"{g}.f{j:02d}.counts.npy", mmap_mode="r")[lo:hi]))
+    ids, counts = sum_by_id(np.concatenate(ids_parts), np.concatenate(count_parts))
+    np.save(f"{out}.ids.npy", ids)
+    np.save(f"{out}.counts.npy", counts)
+    return time.process_time() - t0
+
+
 @dataclass
 class Ranked:
-    """A feature's merge result (its arrays are on disk under ``prefix``)."""
+    """A feature's ranking (its arrays are on disk under its prefix)."""
 
     kept: int
     rare_count: int
@@ -72,12 +98,12 @@ class Ranked:
     seconds: float
 
 
-def merge_feature(j: int, groups: list[str], min_count: int, hash_modulus: int, prefix: str) -> Ranked:
-    """Sum feature j's partial counts, rank them, write its stats and id -> row table."""
+def rank(j: int, merged: list[str], min_count: int, hash_modulus: int, prefix: str) -> Ranked:
+    """Rank feature j's merged buckets; write its stats and its id -> row table."""
     t0 = time.process_time()
-    ids = np.concatenate([np.load(f"{g}.f{j:02d}.ids.npy") for g in groups])
-    counts = np.concatenate([np.load(f"{g}.f{j:02d}.counts.npy") for g in groups])
-    fs = rank_feature(*sum_by_id(ids, counts), min_count)
+    ids = np.concatenate([np.load(f"{m}.ids.npy") for m in merged])  # buckets: ascending, disjoint
+    counts = np.concatenate([np.load(f"{m}.counts.npy") for m in merged])
+    fs = rank_feature(ids, counts, min_count)
     np.save(f"{prefix}.ids.npy", fs.ids)
     np.save(f"{prefix}.counts.npy", fs.counts)
     rows = np.arange(len(fs.ids), dtype=np.int64)
