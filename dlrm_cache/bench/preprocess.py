@@ -8,7 +8,9 @@ variant alike; ``--baseline`` is the root of another source tree (e.g. ``git wor
 c40961b``) put first on ``PYTHONPATH``.  The peer is torchrec's ``BinaryCriteoUtils.tsv_to_npys``
 (text -> npy, no frequency counting or id remapping) on the first ``--peer-lines`` lines of the
 first file.  Printed per run: wall seconds, lines/s, CPU use, the peak RSS of the largest process
-(the parent or one worker) and, for this checkout, its per-stage worker-seconds.  Machine load
+(the parent or one worker) and, for this checkout, its CPU seconds per stage.  On a shared machine
+``lines per CPU s`` (CPU time of the whole process tree, imports included) is the steadier figure:
+wall time there measures the other users' load as much as the code.  Machine load
 (``os.getloadavg``) is printed before and after every run: compare ratios within one invocation.
 """
 
@@ -38,7 +40,8 @@ class Result:
 
     def row(self) -> str:
         return (f"| {self.name} | {self.lines:,} | {self.wall:.2f} | {self.lines / self.wall:,.0f} | "
-                f"{100 * self.cpu / self.wall:.0f}% | {self.max_rss_mb:,.0f} | {self.load[0]:.1f} / {self.load[1]:.1f} |")
+                f"{self.cpu:.1f} | {self.lines / self.cpu:,.0f} | {100 * self.cpu / self.wall:.0f}% | "
+                f"{self.max_rss_mb:,.0f} | {self.load[0]:.1f} / {self.load[1]:.1f} |")
 
 
 def _run(name: str, cmd: list[str], env: dict[str, str], lines: int, cwd: Path) -> Result:
@@ -111,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"input {inp}: {len(files)} file(s), {lines:,} lines; {os.cpu_count()} cores; "
           f"load {os.getloadavg()[0]:.1f}")
-    print("| run | lines | wall s | lines/s | CPU | peak RSS MB (largest process) | load before / after |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | lines | wall s | lines/s | CPU s | lines per CPU s | CPU use | peak RSS MB (largest process) "
+          "| load before / after |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results: list[Result] = []
     for _ in range(args.repeats):
         for name, cmd, env in variants:

@@ -34,7 +34,7 @@ class PartSpan:
 
 def split_rows(plan: SplitPlan, span: PartSpan) -> list[int]:
     """Rows of each split in the part, in SPLITS order (they are consecutive, train first)."""
-    lines = np.asarray(load_column(span.prefix, "lines")) + span.file_line
+    lines = np.asarray(load_column(span.prefix, "lines")).astype(np.int64) + span.file_line
     codes = plan.codes(span.file, span.global_line, lines)
     if len(codes) > 1 and (np.diff(codes) < 0).any():
         raise RuntimeError(f"internal: splits not consecutive in {span.prefix}")

@@ -3,7 +3,7 @@
 A worker parses one :class:`.sources.Task` into parts (one per block read) and writes each part's
 good rows as ``.npy`` columns under the build directory's work area: ``label`` (n,) float32,
 ``dense`` (13, n) float32 (already ``log1p``), ``ids`` (26, n) hashed ids (int32 when
-``hash_modulus`` fits in it, else int64) and ``lines`` (n,) the row's line index within the part.
+``hash_modulus`` fits in it, else int64) and ``lines`` (n,) int32 the row's line index within the part (a block is < 2 GiB).
 Counting and encoding read these columns (memory-mapped), never the text again.
 
 Line numbers are task-local here: a task does not know how many lines precede it in its file
@@ -88,7 +88,7 @@ def parse_task(task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_d
         ids = hash_ids(parsed.ids, hash_modulus)
         t1 = time.process_time()
         prefix = str(Path(work) / f"part-{task.index:06d}-{k:05d}")
-        cols = {"label": parsed.label, "dense": parsed.dense, "ids": ids, "lines": parsed.lines}
+        cols = {"label": parsed.label, "dense": parsed.dense, "ids": ids, "lines": parsed.lines.astype(np.int32)}
         for name, arr in cols.items():
             np.save(f"{prefix}.{name}.npy", np.ascontiguousarray(arr))
         secs["stage"] += time.process_time() - t1
