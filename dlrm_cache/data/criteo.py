@@ -194,7 +194,11 @@ def read_range(path: str | Path, start: int, end: int) -> bytes:
         pos = start
         if start > 0:
             f.seek(start - 1)  # a line starts at ``start`` iff the byte before it ends one
-            pos += _rest_of_line(f)[1] - 1
+            k = f.read(end - start + 1).find(b"\n")  # never past ``end``: a long line costs once
+            if k < 0:
+                return b""
+            pos += k
+            f.seek(pos)
         if pos >= end:
             return b""
         data = f.read(end - pos)

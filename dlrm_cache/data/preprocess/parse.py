@@ -68,8 +68,14 @@ def _blocks(task: Task, chunk_bytes: int) -> Iterator[tuple[bytes, int, bool]]:
             yield block.data, block.first_line, block.first_line == 0
         return
     data = criteo.read_range(task.path, task.start, task.end)
-    if data:
-        yield data, 0, task.start == 0
+    pos = line = 0
+    while pos < len(data):  # blocks of chunk_bytes plus the rest of their last line
+        cut = data.find(b"\n", min(pos + chunk_bytes, len(data)) - 1)
+        stop = len(data) if cut < 0 else cut + 1
+        block = data[pos:stop]
+        yield block, line, task.start == 0 and pos == 0
+        line += block.count(b"\n") + (not block.endswith(b"\n"))
+        pos = stop
 
 
 def parse_task(task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_details: int) -> tuple[list[Part], dict[str, float]]:

@@ -1,6 +1,6 @@
 """Which raw files to read, in which order, in which pieces (tasks), and how to recognise them.
 
-A task is a byte range of one plain file (about ``chunk_bytes``) or a whole gzip file (gzip
+A task is a byte range of one plain file (``chunk_bytes``, at least 64 KiB) or a whole gzip file (gzip
 cannot be entered in the middle).  A range owns the lines that *start* inside it: it begins after
 the first line end at or after ``start - 1`` and reads through the line that crosses ``end``.
 Acceptance of a line is a property of the line alone (:mod:`..criteo`), so where the ranges fall
@@ -106,8 +106,13 @@ def _source_key(p: Path) -> tuple:
     return (0, int(m.group(1)), str(p)) if m else (1, 0, str(p))
 
 
-def plan_tasks(files: list[Path], task_bytes: int) -> list[Task]:
-    """The read order cut into tasks: byte ranges of ``task_bytes`` of plain files, whole gzip files."""
+MIN_TASK_BYTES = 64 << 10  # a task's fixed costs (a job, its files) stay small next to parsing
+
+
+def plan_tasks(files: list[Path], chunk_bytes: int) -> list[Task]:
+    """The read order cut into tasks: byte ranges of max(chunk_bytes, MIN_TASK_BYTES) of plain
+    files, whole gzip files."""
+    task_bytes = max(chunk_bytes, MIN_TASK_BYTES)
     tasks: list[Task] = []
     for i, p in enumerate(files):
         size = p.stat().st_size
