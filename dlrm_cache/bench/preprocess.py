@@ -1,4 +1,4 @@
-"""Preprocessing throughput, side by side: this checkout, a baseline checkout, and torchrec's parser.
+"""Preprocessing throughput side by side: this checkout, a baseline tree and torchrec's parser.
 
     python -m dlrm_cache.bench.preprocess --input DIR [--baseline SRC] [--workers 1 2] [--repeats 2]
 
@@ -39,23 +39,34 @@ class Result:
     stages: str = ""
 
     def row(self) -> str:
-        return (f"| {self.name} | {self.lines:,} | {self.wall:.2f} | {self.lines / self.wall:,.0f} | "
-                f"{self.cpu:.1f} | {self.lines / self.cpu:,.0f} | {100 * self.cpu / self.wall:.0f}% | "
-                f"{self.max_rss_mb:,.0f} | {self.load[0]:.1f} / {self.load[1]:.1f} |")
+        return (
+            f"| {self.name} | {self.lines:,} | {self.wall:.2f} | {self.lines / self.wall:,.0f} | "
+            f"{self.cpu:.1f} | {self.lines / self.cpu:,.0f} | {100 * self.cpu / self.wall:.0f}% | "
+            f"{self.max_rss_mb:,.0f} | {self.load[0]:.1f} / {self.load[1]:.1f} |"
+        )
 
 
 def _run(name: str, cmd: list[str], env: dict[str, str], lines: int, cwd: Path) -> Result:
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{name} failed:\n{out[-3000:]}")
     stages = re.search(r"preprocess: CPU seconds per stage.*", out)
-    return Result(name, lines, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
-                  (load0, os.getloadavg()[0]), stages.group(0) if stages else "")
+    return Result(
+        name,
+        lines,
+        wall,
+        usage.ru_utime + usage.ru_stime,
+        usage.ru_maxrss / 1024,
+        (load0, os.getloadavg()[0]),
+        stages.group(0) if stages else "",
+    )
 
 
 def _count_lines(paths: list[Path]) -> int:
@@ -80,19 +91,29 @@ _PEER = """
 import sys
 from torchrec.datasets.criteo import BinaryCriteoUtils
 src, out = sys.argv[1], sys.argv[2]
-BinaryCriteoUtils.tsv_to_npys(src, out + "/d.npy", out + "/s.npy", out + "/l.npy", dataset_name="criteo_kaggle")
+BinaryCriteoUtils.tsv_to_npys(
+    src, out + "/d.npy", out + "/s.npy", out + "/l.npy", dataset_name="criteo_kaggle"
+)
 """
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--input", required=True, help="raw Criteo files (a day_N directory or one file)")
-    ap.add_argument("--baseline", help="root of the baseline source tree (its dlrm_cache/ is imported)")
+    ap.add_argument(
+        "--input", required=True, help="raw Criteo files (a day_N directory or one file)"
+    )
+    ap.add_argument(
+        "--baseline", help="root of the baseline source tree (its dlrm_cache/ is imported)"
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[os.cpu_count() or 1])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--peer-lines", type=int, default=500_000, help="0: skip torchrec")
-    ap.add_argument("--work", default=None, help="scratch directory for the outputs (default: a temp dir)")
-    ap.add_argument("overrides", nargs="*", help="extra preprocess overrides, e.g. hash_modulus=40000000")
+    ap.add_argument(
+        "--work", default=None, help="scratch directory for the outputs (default: a temp dir)"
+    )
+    ap.add_argument(
+        "overrides", nargs="*", help="extra preprocess overrides, e.g. hash_modulus=40000000"
+    )
     args = ap.parse_args(argv)
 
     inp = Path(args.input).resolve()
@@ -101,8 +122,16 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-preprocess-"))
     work.mkdir(parents=True, exist_ok=True)
     here = str(Path(__file__).resolve().parents[2])
-    base = [sys.executable, "-m", "dlrm_cache", "preprocess", f"input={inp}", "overwrite=true", "progress=false",
-            *args.overrides]
+    base = [
+        sys.executable,
+        "-m",
+        "dlrm_cache",
+        "preprocess",
+        f"input={inp}",
+        "overwrite=true",
+        "progress=false",
+        *args.overrides,
+    ]
     variants: list[tuple[str, list[str], dict[str, str]]] = []
     if args.baseline:
         _configs_as_package(Path(args.baseline).resolve())
@@ -112,10 +141,15 @@ def main(argv: list[str] | None = None) -> None:
         env = {**os.environ, "PYTHONPATH": here}
         variants.append((f"workers={w}", [*base, f"output={work}/w{w}", f"workers={w}"], env))
 
-    print(f"input {inp}: {len(files)} file(s), {lines:,} lines; {os.cpu_count()} cores; "
-          f"load {os.getloadavg()[0]:.1f}")
-    print("| run | lines | wall s | lines/s | CPU s | lines per CPU s | CPU use | peak RSS MB (largest process) "
-          "| load before / after |")
+    print(
+        f"input {inp}: {len(files)} file(s), {lines:,} lines; {os.cpu_count()} cores; "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| run | lines | wall s | lines/s | CPU s | lines per CPU s | CPU use "
+        "| peak RSS MB (largest process) "
+        "| load before / after |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     results: list[Result] = []
     for _ in range(args.repeats):
@@ -130,8 +164,13 @@ def main(argv: list[str] | None = None) -> None:
                 dst.write(line)
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory(dir=work) as out:
-                r = _run("torchrec tsv_to_npys", [sys.executable, "-c", _PEER, str(head), out], dict(os.environ),
-                         args.peer_lines, work)
+                r = _run(
+                    "torchrec tsv_to_npys",
+                    [sys.executable, "-c", _PEER, str(head), out],
+                    dict(os.environ),
+                    args.peer_lines,
+                    work,
+                )
             results.append(r)
             print(r.row(), flush=True)
     for r in results:

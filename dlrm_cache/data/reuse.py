@@ -28,7 +28,8 @@ class Recorded:
 
 
 def compare(record: Path, settings: dict[str, Any], key: str | None = None) -> Recorded:
-    """Compare ``settings`` with the record's (its ``key`` entry when given, else the whole file)."""
+    """Compare ``settings`` with the record's (its ``key`` entry when given, else the whole
+    file)."""
     try:
         recorded = json.loads(record.read_text())
         if key is not None:

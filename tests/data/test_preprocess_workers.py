@@ -35,15 +35,20 @@ def raw3(tmp_path_factory) -> Path:
     d = tiny_synth(tmp_path_factory.mktemp("raw3"), lines=9000, files=3, bad_line_rate=0.02)
     day = d / "day_1"
     lines = day.read_bytes().split(b"\n")
-    day.write_bytes(b"\n".join(ln + b"\r" if k % 5 == 0 and ln else ln for k, ln in enumerate(lines)))
+    day.write_bytes(
+        b"\n".join(ln + b"\r" if k % 5 == 0 and ln else ln for k, ln in enumerate(lines))
+    )
     (d / "oracle.json").unlink()
     return d
 
 
-@pytest.mark.parametrize("settings", [
-    dict(),  # split=fraction over the three files
-    dict(split="day", hash_modulus=40_000_000, min_count=2),  # the MLPerf 1TB setting
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),  # split=fraction over the three files
+        dict(split="day", hash_modulus=40_000_000, min_count=2),  # the MLPerf 1TB setting
+    ],
+)
 def test_identical_for_every_worker_count(raw3: Path, tmp_path: Path, capsys, settings) -> None:
     trees, outputs = [], []
     for workers, chunk in ((1, 1 << 20), (2, 16 << 10), (3, 5000)):
@@ -51,20 +56,41 @@ def test_identical_for_every_worker_count(raw3: Path, tmp_path: Path, capsys, se
         pp.preprocess(pp_config(raw3, out, workers=workers, chunk_bytes=chunk, **settings))
         trees.append(_tree(out))
         # The reports and the summary, without the timing lines.
-        outputs.append([ln for ln in capsys.readouterr().out.splitlines() if "second" not in ln
-                        and " lines/s" not in ln])
+        outputs.append(
+            [
+                ln
+                for ln in capsys.readouterr().out.splitlines()
+                if "second" not in ln and " lines/s" not in ln
+            ]
+        )
     assert sum(Manifest.load(tmp_path / "w1").bad_lines.values()) > 100
     assert len(trees[0]) > 10 and trees[1] == trees[0] and trees[2] == trees[0]
     assert any("skipped" in ln for ln in outputs[0]) and outputs[1] == outputs[0] == outputs[2]
 
 
 def _torchrun(raw: Path, out: Path, cwd: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "dlrm_cache", "preprocess", f"input={raw}", f"output={out}", "workers=1",
-           "chunk_bytes=20000", "rows_per_shard=700", "progress=false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "dlrm_cache",
+        "preprocess",
+        f"input={raw}",
+        f"output={out}",
+        "workers=1",
+        "chunk_bytes=20000",
+        "rows_per_shard=700",
+        "progress=false",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def test_torchrun_two_ranks_identical_to_one_process(raw3: Path, tmp_path: Path) -> None:
@@ -127,4 +153,3 @@ def test_torchrun_rank_killed_leaves_output_absent_or_complete(raw3: Path, tmp_p
     m = pp.preprocess(pp_config(raw3, out, workers=2, overwrite=True))
     assert m == Manifest.load(ref) and _tree(out) == _tree(ref)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ds.")] == []
-

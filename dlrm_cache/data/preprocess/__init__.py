@@ -77,7 +77,9 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
             try:
                 root.mkdir()  # first, so an output that cannot be written fails before any reading
             except PermissionError as e:
-                raise PreprocessError(f"output {out}: cannot create files in {out.parent} ({e.strerror})") from None
+                raise PreprocessError(
+                    f"output {out}: cannot create files in {out.parent} ({e.strerror})"
+                ) from None
     reused, root = runner.share((reused, root))
     if reused is not None:
         if runner.is_main:
@@ -98,6 +100,8 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     dt = time.perf_counter() - t0
     lines = sum(s.rows for s in manifest.splits.values()) + sum(manifest.bad_lines.values())
     if runner.is_main:
-        print(f"preprocess: {lines} lines in {dt:.1f}s ({lines / dt:,.0f} lines/s, "
-              f"{runner.workers} worker(s) x {runner.world} rank(s)) -> {out}")
+        print(
+            f"preprocess: {lines} lines in {dt:.1f}s ({lines / dt:,.0f} lines/s, "
+            f"{runner.workers} worker(s) x {runner.world} rank(s)) -> {out}"
+        )
     return manifest

@@ -28,7 +28,9 @@ class BadLineLog:
     reports: list[str] = field(default_factory=list)
     first: dict[str, str] = field(default_factory=dict)  # reason -> its first line's message
 
-    def add(self, path: Path, part: Part, file_first_line: int, keep: np.ndarray | None = None) -> None:
+    def add(
+        self, path: Path, part: Part, file_first_line: int, keep: np.ndarray | None = None
+    ) -> None:
         """Record a part's bad lines (``keep``: the ones that count) whose first line is
         ``file_first_line`` of its file; raise :class:`criteo.BadLineError` under ``fail``."""
         lines, reasons = part.bad_lines, part.bad_reasons
@@ -65,16 +67,22 @@ def why_no_training_lines(cfg: Any, plan: SplitPlan, bad: BadLineLog) -> str:
         total = plan.bounds[2]
         if total == 0:
             return f"{where}: the input has no lines"
-        return (f"{where}: {total} line(s) in all, and train_fraction={float(cfg.train_fraction):g} "
-                "leaves none for training")
+        return (
+            f"{where}: {total} line(s) in all, and train_fraction={float(cfg.train_fraction):g} "
+            "leaves none for training"
+        )
     per_reason = "; ".join(
         f"{reason}: {n} (first: {bad.first[reason]})"
         for reason, n in sorted(bad.counts.items(), key=lambda kv: -kv[1])
     )
     hints = []
     if f"({criteo.NUM_FIELDS - 1} fields, expected" in bad.first.get(criteo.BAD_FIELDS, ""):
-        hints.append(f"{criteo.NUM_FIELDS - 1} fields is a file without the label column, like Criteo's test files")
+        hints.append(
+            f"{criteo.NUM_FIELDS - 1} fields is a file without the label column, "
+            "like Criteo's test files"
+        )
     if re.search(r":1: ", bad.first.get(criteo.BAD_LABEL, "")):
         hints.append("line 1 looks like a header (Criteo files have none)")
     hints.append("the input must be raw Criteo text: label, 13 integers, 26 hex ids, tab-separated")
-    return f"{where}: all {sum(bad.counts.values())} training lines are malformed. {per_reason}. ({'; '.join(hints)})"
+    n_bad = sum(bad.counts.values())
+    return f"{where}: all {n_bad} training lines are malformed. {per_reason}. ({'; '.join(hints)})"

@@ -17,8 +17,15 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .. import criteo
-from ..format import NUM_SPARSE, SCHEMA_VERSION, SPARSE_NAMES, SPLITS, Manifest, SplitInfo, sha256_file
+from ..format import (
+    NUM_SPARSE,
+    SCHEMA_VERSION,
+    SPARSE_NAMES,
+    SPLITS,
+    Manifest,
+    SplitInfo,
+    sha256_file,
+)
 from ..stats import COUNTS, SUMMARY, format_summary, summarize, write_counts
 from . import count, encode, parse
 from .badlines import BadLineLog, why_no_training_lines
@@ -33,7 +40,8 @@ STAGES = ("parse", "stage", "count", "merge", "rank", "read", "encode", "write")
 
 
 class Timings:
-    """CPU seconds per stage (summed over workers: robust to a busy machine) and wall seconds per phase."""
+    """CPU seconds per stage (summed over workers: robust to a busy machine) and wall seconds
+    per phase."""
 
     def __init__(self) -> None:
         self.busy = dict.fromkeys(STAGES, 0.0)
@@ -53,8 +61,15 @@ def _bar(total: int, desc: str, unit: str, progress: bool) -> tqdm:
     return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, disable=not progress)
 
 
-def build(cfg: Any, files: list[Path], file_splits: list[str], wanted: dict[str, Any], root: Path,
-          runner: Runner, write: Callable[[Any, Path], None]) -> Manifest:
+def build(
+    cfg: Any,
+    files: list[Path],
+    file_splits: list[str],
+    wanted: dict[str, Any],
+    root: Path,
+    runner: Runner,
+    write: Callable[[Any, Path], None],
+) -> Manifest:
     """Build the dataset into ``root`` (rank 0 writes the shared files); returns its manifest."""
     work = root / WORK
     if runner.is_main:
@@ -68,8 +83,17 @@ def build(cfg: Any, files: list[Path], file_splits: list[str], wanted: dict[str,
     t = time.perf_counter()
     tasks = plan_tasks(files, int(cfg.chunk_bytes))
     modulus = int(cfg.hash_modulus)
-    jobs = [(parse.parse_task, task, int(cfg.chunk_bytes), modulus, str(work), int(cfg.bad_line_reports))
-            for task in tasks]
+    jobs = [
+        (
+            parse.parse_task,
+            task,
+            int(cfg.chunk_bytes),
+            modulus,
+            str(work),
+            int(cfg.bad_line_reports),
+        )
+        for task in tasks
+    ]
     sizes = [task.size for task in runner.mine(tasks)]
     with _bar(sum(sizes), "parse", "B", progress) as bar:
         done = iter(sizes)
@@ -89,7 +113,9 @@ def build(cfg: Any, files: list[Path], file_splits: list[str], wanted: dict[str,
     timings.wall["count"] = time.perf_counter() - t
     n_train = sum(r[0] for r in split_rows)
     if n_train == 0:
-        raise PreprocessError(why_no_training_lines(cfg, plan, _train_bad(cfg, plan, parts, spans, files)))
+        raise PreprocessError(
+            why_no_training_lines(cfg, plan, _train_bad(cfg, plan, parts, spans, files))
+        )
     summary = summarize(stats)
     summary.update(min_count=int(cfg.min_count), hash_modulus=modulus, train_lines=n_train)
     if runner.is_main:
@@ -100,7 +126,9 @@ def build(cfg: Any, files: list[Path], file_splits: list[str], wanted: dict[str,
 
     t = time.perf_counter()
     table_sizes = [stats[n].table_size for n in SPARSE_NAMES]
-    splits = _encode(cfg, spans, split_rows, table_sizes, work, root, runner, write, timings, progress)
+    splits = _encode(
+        cfg, spans, split_rows, table_sizes, work, root, runner, write, timings, progress
+    )
     timings.wall["encode"] = time.perf_counter() - t
     for msg in bad.reports:
         if runner.is_main:
@@ -128,7 +156,9 @@ def build(cfg: Any, files: list[Path], file_splits: list[str], wanted: dict[str,
     return manifest
 
 
-def _line_offsets(tasks: list, parts: list[parse.Part], n_files: int) -> tuple[list[int], list[count.PartSpan]]:
+def _line_offsets(
+    tasks: list, parts: list[parse.Part], n_files: int
+) -> tuple[list[int], list[count.PartSpan]]:
     """Lines per file, and each part's first line in its file and its file's first line overall."""
     task_lines = [0] * len(tasks)
     for p in parts:
@@ -139,12 +169,20 @@ def _line_offsets(tasks: list, parts: list[parse.Part], n_files: int) -> tuple[l
         task_first[task.index] = file_lines[task.file]
         file_lines[task.file] += task_lines[task.index]
     file_first = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
-    spans = [count.PartSpan(p.prefix, p.file, task_first[p.task] + p.first_line, file_first[p.file]) for p in parts]
+    spans = [
+        count.PartSpan(p.prefix, p.file, task_first[p.task] + p.first_line, file_first[p.file])
+        for p in parts
+    ]
     return file_lines, spans
 
 
-def _train_bad(cfg: Any, plan: SplitPlan, parts: list[parse.Part], spans: list[count.PartSpan],
-               files: list[Path]) -> BadLineLog:
+def _train_bad(
+    cfg: Any,
+    plan: SplitPlan,
+    parts: list[parse.Part],
+    spans: list[count.PartSpan],
+    files: list[Path],
+) -> BadLineLog:
     """The malformed lines of the training split (for the error when it has no good line)."""
     log = BadLineLog("skip", 0)
     for part, span in zip(parts, spans):
@@ -153,25 +191,42 @@ def _train_bad(cfg: Any, plan: SplitPlan, parts: list[parse.Part], spans: list[c
     return log
 
 
-def _count(cfg: Any, plan: SplitPlan, spans: list[count.PartSpan], work: Path, runner: Runner,
-           timings: Timings, progress: bool) -> tuple[list[list[int]], dict]:
+def _count(
+    cfg: Any,
+    plan: SplitPlan,
+    spans: list[count.PartSpan],
+    work: Path,
+    runner: Runner,
+    timings: Timings,
+    progress: bool,
+) -> tuple[list[list[int]], dict]:
     """Rows per split of every part, and the ranked per-feature stats."""
     n_groups = max(1, min(len(spans), runner.workers * runner.world))
     bounds = [len(spans) * g // n_groups for g in range(n_groups + 1)]
     groups = [str(work / f"counts-{g:04d}") for g in range(n_groups)]
-    jobs = [(count.count_group, plan, spans[bounds[g] : bounds[g + 1]], groups[g]) for g in range(n_groups)]
+    jobs = [
+        (count.count_group, plan, spans[bounds[g] : bounds[g + 1]], groups[g])
+        for g in range(n_groups)
+    ]
     with _bar(len(spans), "count", "part", progress) as bar:
         results = runner.map(star, jobs, done=lambda r: bar.update(len(r[0])))
     split_rows = [rows for group_rows, _ in results for rows in group_rows]
     timings.add({"count": sum(secs for _, secs in results)})
     buckets = n_groups
-    merged = [[str(work / f"merged-{j:02d}-{b:04d}") for b in range(buckets)] for j in range(NUM_SPARSE)]
-    jobs = [(count.merge_bucket, j, b, buckets, groups, merged[j][b]) for j in range(NUM_SPARSE)
-            for b in range(buckets)]
+    merged = [
+        [str(work / f"merged-{j:02d}-{b:04d}") for b in range(buckets)] for j in range(NUM_SPARSE)
+    ]
+    jobs = [
+        (count.merge_bucket, j, b, buckets, groups, merged[j][b])
+        for j in range(NUM_SPARSE)
+        for b in range(buckets)
+    ]
     timings.add({"merge": sum(runner.map(star, jobs))})
     prefixes = [count.feature_prefix(work, j) for j in range(NUM_SPARSE)]
-    jobs = [(count.rank, j, merged[j], int(cfg.min_count), int(cfg.hash_modulus), prefixes[j])
-            for j in range(NUM_SPARSE)]
+    jobs = [
+        (count.rank, j, merged[j], int(cfg.min_count), int(cfg.hash_modulus), prefixes[j])
+        for j in range(NUM_SPARSE)
+    ]
     ranked = runner.map(star, jobs)
     timings.add({"rank": sum(r.seconds for r in ranked)})
     stats = {name: count.load_stats(prefixes[j], ranked[j]) for j, name in enumerate(SPARSE_NAMES)}
@@ -181,8 +236,13 @@ def _count(cfg: Any, plan: SplitPlan, spans: list[count.PartSpan], work: Path, r
 _ENCODER: dict[tuple, encode.Encoder] = {}  # per worker process: the tables, mapped once
 
 
-def _encode_job(tables: tuple[str, ...], sizes: tuple[int, ...], job: encode.ShardJob, root: Path,
-                write: Callable) -> dict[str, float]:
+def _encode_job(
+    tables: tuple[str, ...],
+    sizes: tuple[int, ...],
+    job: encode.ShardJob,
+    root: Path,
+    write: Callable,
+) -> dict[str, float]:
     enc = _ENCODER.get(tables)
     if enc is None:
         _ENCODER.clear()
@@ -190,9 +250,18 @@ def _encode_job(tables: tuple[str, ...], sizes: tuple[int, ...], job: encode.Sha
     return enc.shard(job, root, write)
 
 
-def _encode(cfg: Any, spans: list[count.PartSpan], split_rows: list[list[int]], table_sizes: list[int],
-            work: Path, root: Path, runner: Runner, write: Callable, timings: Timings,
-            progress: bool) -> dict[str, SplitInfo]:
+def _encode(
+    cfg: Any,
+    spans: list[count.PartSpan],
+    split_rows: list[list[int]],
+    table_sizes: list[int],
+    work: Path,
+    root: Path,
+    runner: Runner,
+    write: Callable,
+    timings: Timings,
+    progress: bool,
+) -> dict[str, SplitInfo]:
     shard_jobs = encode.plan_shards([s.prefix for s in spans], split_rows, int(cfg.rows_per_shard))
     tables = tuple(f"{count.feature_prefix(work, j)}.table" for j in range(NUM_SPARSE))
     flat = [job for split in SPLITS for job in shard_jobs[split]]
@@ -204,7 +273,10 @@ def _encode(cfg: Any, spans: list[count.PartSpan], split_rows: list[list[int]], 
     for secs in results:
         timings.add(secs)
     return {
-        split: SplitInfo(rows=sum(j.rows for j in shard_jobs[split]), shards=[j.rel for j in shard_jobs[split]],
-                         shard_rows=[j.rows for j in shard_jobs[split]])
+        split: SplitInfo(
+            rows=sum(j.rows for j in shard_jobs[split]),
+            shards=[j.rel for j in shard_jobs[split]],
+            shard_rows=[j.rows for j in shard_jobs[split]],
+        )
         for split in SPLITS
     }

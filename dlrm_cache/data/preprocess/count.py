@@ -24,7 +24,8 @@ from .splits import SplitPlan
 
 @dataclass(frozen=True)
 class PartSpan:
-    """A parsed part and where its lines sit: its file and its first line in file and in all files."""
+    """A parsed part and where its lines sit: its file, its first line in the file, and the
+    file's first line among all files."""
 
     prefix: str
     file: int
@@ -112,7 +113,9 @@ def rank(j: int, merged: list[str], min_count: int, hash_modulus: int, prefix: s
 
 
 def load_stats(prefix: str, r: Ranked) -> FeatureStats:
-    return FeatureStats(np.load(f"{prefix}.ids.npy"), np.load(f"{prefix}.counts.npy"), r.rare_count, r.rare_ids)
+    return FeatureStats(
+        np.load(f"{prefix}.ids.npy"), np.load(f"{prefix}.counts.npy"), r.rare_count, r.rare_ids
+    )
 
 
 def feature_prefix(work: Path, j: int) -> str:

@@ -39,8 +39,11 @@ class ShardJob:
         return sum(p.stop - p.start for p in self.pieces)
 
 
-def plan_shards(parts: list[str], split_rows: list[list[int]], rows_per_shard: int) -> dict[str, list[ShardJob]]:
-    """Per split, its shards and where their rows lie (``split_rows[p]``: part p's rows per split)."""
+def plan_shards(
+    parts: list[str], split_rows: list[list[int]], rows_per_shard: int
+) -> dict[str, list[ShardJob]]:
+    """Per split, its shards and where their rows lie (``split_rows[p]``: part p's rows per
+    split)."""
     out: dict[str, list[ShardJob]] = {}
     for s, split in enumerate(SPLITS):
         jobs: list[ShardJob] = []
@@ -70,7 +73,9 @@ class Encoder:
         self.tables = [IdTable(t, n - 1) for t, n in zip(tables, table_sizes)]
         self.dtype = np.dtype(np.int64 if max(table_sizes) > np.iinfo(np.int32).max else np.int32)
 
-    def shard(self, job: ShardJob, root: Path, write: Callable[[pa.Table, Path], None]) -> dict[str, float]:
+    def shard(
+        self, job: ShardJob, root: Path, write: Callable[[pa.Table, Path], None]
+    ) -> dict[str, float]:
         """Build and write one shard; returns seconds spent reading parts, encoding and writing."""
         t0 = time.process_time()
         cols = {}

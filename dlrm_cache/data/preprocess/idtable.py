@@ -1,10 +1,11 @@
 """id -> row lookup tables built once by the merge and memory-mapped by every encoding worker.
 
 With ``hash_modulus`` m the ids are 0..m-1 (or MISSING_ID): where most of them are kept (m < 8 x
-the kept ids), a dense array of m + 1 rows indexed by id + 1.  Otherwise (ids are 32-bit hashes): an open-addressing hash table (linear probing without
-wrap-around, at most half full) in two numpy arrays, built and probed with whole-array operations, a few rounds each
-(no Python loop per id; ~10x faster than a binary search on 10M ids, and shared by the workers
-through the page cache instead of one copy per process).
+the kept ids), a dense array of m + 1 rows indexed by id + 1.  Otherwise (ids are 32-bit hashes):
+an open-addressing hash table (linear probing without wrap-around, at most half full) in two numpy
+arrays, built in one sort and probed with whole-array operations, a few rounds each (no Python loop
+per id; ~10x faster than a binary search on 10M ids, and shared by the workers through the page
+cache instead of one copy per process).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def _slots(keys: np.ndarray, bits: int) -> np.ndarray:
 
 
 def build(path: str, keys: np.ndarray, rows: np.ndarray, rare: int, hash_modulus: int) -> None:
-    """Write the table mapping ``keys[i]`` -> ``rows[i]`` (anything else -> ``rare``) to ``path.*``."""
+    """Write the table mapping ``keys[i]`` -> ``rows[i]`` (anything else -> ``rare``) to
+    ``path.*``."""
     row_dtype = np.int64 if rare > np.iinfo(np.int32).max else np.int32
     if 0 < hash_modulus < 8 * len(keys):  # dense is smaller than the hash table (>= 24 B per key)
         dense = np.full(hash_modulus + 1, rare, dtype=row_dtype)

@@ -27,12 +27,22 @@ _OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS}
 # is recorded and compared on re-runs, so a setting added later counts as changing the output
 # unless it is listed here.
 _NOT_OUTPUT_KEYS = frozenset(
-    {"input", "output", "bad_line_reports", "chunk_bytes", "cache_mb", "overwrite", "progress", "workers"}
+    {
+        "input",
+        "output",
+        "bad_line_reports",
+        "chunk_bytes",
+        "cache_mb",
+        "overwrite",
+        "progress",
+        "workers",
+    }
 )
 
 
 def settings(cfg: Any, files: list[Path]) -> dict[str, Any]:
-    """What the output is a function of: the inputs' fingerprints and the output-changing settings."""
+    """What the output is a function of: the inputs' fingerprints and the settings that
+    change it."""
     d = config_dict(cfg)
     return {
         "inputs": [fingerprint(p) for p in files],
@@ -50,7 +60,8 @@ def check_reuse(out: Path, wanted: dict[str, Any], overwrite: bool) -> Manifest 
         return Manifest.load(out)
     changed = [k for k in recorded.changed if k in wanted]
     raise PreprocessError(
-        f"{out} already holds a dataset built from other inputs/settings ({', '.join(changed) or 'unknown'}); "
+        f"{out} already holds a dataset built from other inputs/settings "
+        f"({', '.join(changed) or 'unknown'}); "
         "pass overwrite=true to rebuild it"
     )
 
@@ -74,9 +85,12 @@ def check_replaceable(out: Path) -> None:
         return
     if not out.is_dir():
         raise PreprocessError(f"output {out} exists and is not a directory")
-    foreign = [p.name for p in out.iterdir() if p.name not in _OWN_ENTRIES and not p.name.startswith(".")]
+    foreign = [
+        p.name for p in out.iterdir() if p.name not in _OWN_ENTRIES and not p.name.startswith(".")
+    ]
     if foreign:
         raise PreprocessError(
-            f"output {out} holds files that are not a processed dataset ({', '.join(sorted(foreign)[:3])}); "
+            f"output {out} holds files that are not a processed dataset "
+            f"({', '.join(sorted(foreign)[:3])}); "
             "choose another output"
         )

@@ -3,7 +3,8 @@
 A worker parses one :class:`.sources.Task` into parts (one per block read) and writes each part's
 good rows as ``.npy`` columns under the build directory's work area: ``label`` (n,) float32,
 ``dense`` (13, n) float32 (already ``log1p``), ``ids`` (26, n) hashed ids (int32 when
-``hash_modulus`` fits in it, else int64) and ``lines`` (n,) int32 the row's line index within the part (a block is < 2 GiB).
+``hash_modulus`` fits in it, else int64) and ``lines`` (n,) int32, the row's line index within
+the part (a block is < 2 GiB).
 Counting and encoding read these columns (memory-mapped), never the text again.
 
 Line numbers are task-local here: a task does not know how many lines precede it in its file
@@ -78,7 +79,9 @@ def _blocks(task: Task, chunk_bytes: int) -> Iterator[tuple[bytes, int, bool]]:
         pos = stop
 
 
-def parse_task(task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_details: int) -> tuple[list[Part], dict[str, float]]:
+def parse_task(
+    task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_details: int
+) -> tuple[list[Part], dict[str, float]]:
     """Parse one task into parts on disk; returns the parts and the seconds spent per stage.
 
     ``max_details``: the messages kept per part (the first ones, plus the first of each reason):
@@ -94,7 +97,12 @@ def parse_task(task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_d
         ids = hash_ids(parsed.ids, hash_modulus)
         t1 = time.process_time()
         prefix = str(Path(work) / f"part-{task.index:06d}-{k:05d}")
-        cols = {"label": parsed.label, "dense": parsed.dense, "ids": ids, "lines": parsed.lines.astype(np.int32)}
+        cols = {
+            "label": parsed.label,
+            "dense": parsed.dense,
+            "ids": ids,
+            "lines": parsed.lines.astype(np.int32),
+        }
         for name, arr in cols.items():
             np.save(f"{prefix}.{name}.npy", np.ascontiguousarray(arr))
         secs["stage"] += time.process_time() - t1
@@ -103,11 +111,31 @@ def parse_task(task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_d
     return parts, secs
 
 
-def _part(task: Task, k: int, prefix: str, first: int, n_lines: int, rows: int,
-          parsed: criteo.Parsed, max_details: int) -> Part:
+def _part(
+    task: Task,
+    k: int,
+    prefix: str,
+    first: int,
+    n_lines: int,
+    rows: int,
+    parsed: criteo.Parsed,
+    max_details: int,
+) -> Part:
     reasons = np.array([REASONS.index(r) for r in parsed.bad_reasons], dtype=np.int8)
     keep: set[int] = set(range(min(max_details, len(reasons))))
     keep.update(int(np.argmax(reasons == r)) for r in np.unique(reasons))  # first of each reason
-    details = {int(parsed.bad_lines[i]): f"{parsed.bad_reasons[i]} ({parsed.bad_details[i]})" for i in keep}
-    return Part(task.index, k, task.file, prefix, first, n_lines, rows,
-                parsed.bad_lines.astype(np.int64), reasons, details)
+    details = {
+        int(parsed.bad_lines[i]): f"{parsed.bad_reasons[i]} ({parsed.bad_details[i]})" for i in keep
+    }
+    return Part(
+        task.index,
+        k,
+        task.file,
+        prefix,
+        first,
+        n_lines,
+        rows,
+        parsed.bad_lines.astype(np.int64),
+        reasons,
+        details,
+    )

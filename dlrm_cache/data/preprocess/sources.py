@@ -1,8 +1,8 @@
 """Which raw files to read, in which order, in which pieces (tasks), and how to recognise them.
 
-A task is a byte range of one plain file (``chunk_bytes``, at least 64 KiB) or a whole gzip file (gzip
-cannot be entered in the middle).  A range owns the lines that *start* inside it: it begins after
-the first line end at or after ``start - 1`` and reads through the line that crosses ``end``.
+A task is a byte range of one plain file (``chunk_bytes``, at least 64 KiB) or a whole gzip file
+(gzip cannot be entered in the middle).  A range owns the lines that *start* inside it: it begins
+after the first line end at or after ``start - 1`` and reads through the line that crosses ``end``.
 Acceptance of a line is a property of the line alone (:mod:`..criteo`), so where the ranges fall
 cannot change the output: the task list is a unit of work, not of meaning.
 """
@@ -41,7 +41,9 @@ def find_sources(inp: Path) -> list[Path]:
     if not inp.is_dir():
         raise PreprocessError(f"input {inp} is not a regular file or a directory")
     days = sorted(
-        (int(m.group(1)), p) for p in inp.iterdir() if (m := criteo.DAY_FILE.match(p.name)) and p.is_file()
+        (int(m.group(1)), p)
+        for p in inp.iterdir()
+        if (m := criteo.DAY_FILE.match(p.name)) and p.is_file()
     )
     if days:
         return [p.resolve() for _, p in days]
@@ -80,7 +82,9 @@ def select_files(cfg: Any, inp: Path, sources: list[Path]) -> tuple[list[Path], 
         return sources, []
     if not (cfg.train_files or cfg.val_files or cfg.test_files):
         if len(sources) < 2:
-            raise PreprocessError(f"split=day needs at least 2 input files, found {len(sources)} in {inp}")
+            raise PreprocessError(
+                f"split=day needs at least 2 input files, found {len(sources)} in {inp}"
+            )
         train, val, test = sources[:-1], sources[-1:], sources[-1:]
     else:
         train, val, test = (

@@ -36,7 +36,9 @@ class SplitPlan:
         """Split index (0 train, 1 val, 2 test) of file-local line indices of file i, whose first
         line is line ``offset`` of all files."""
         if self.kind == "fraction":
-            return np.searchsorted(np.array(self.bounds[:2]), lines + offset, side="right").astype(np.int8)
+            return np.searchsorted(np.array(self.bounds[:2]), lines + offset, side="right").astype(
+                np.int8
+            )
         split = self.file_splits[i]
         if split == "halve":
             return np.where(lines < self.halve_at[i], 1, 2).astype(np.int8)
@@ -52,19 +54,25 @@ class SplitPlan:
             if s == "halve":
                 out["val"].append(p.name)
                 out["test"].append(p.name)
-                out["halved"][p.name] = {"val_lines": self.halve_at[i], "test_from_line": self.halve_at[i]}
+                out["halved"][p.name] = {
+                    "val_lines": self.halve_at[i],
+                    "test_from_line": self.halve_at[i],
+                }
             else:
                 out[s].append(p.name)
         return out
 
 
-def plan_splits(cfg: Any, files: list[Path], file_splits: list[str], file_lines: list[int]) -> SplitPlan:
+def plan_splits(
+    cfg: Any, files: list[Path], file_splits: list[str], file_lines: list[int]
+) -> SplitPlan:
     """The split plan for files with ``file_lines`` physical lines each."""
     if cfg.split == "fraction":
         total = sum(file_lines)
         if int(cfg.total_lines) and int(cfg.total_lines) != total:
             raise PreprocessError(
-                f"total_lines={int(cfg.total_lines)} but the inputs have {total} lines; fix or drop total_lines"
+                f"total_lines={int(cfg.total_lines)} but the inputs have {total} lines; "
+                "fix or drop total_lines"
             )
         n_train = int(total * float(cfg.train_fraction))
         n_val = (total - n_train) // 2

@@ -39,14 +39,19 @@ class Runner:
     """Runs jobs in ``workers`` local processes (1: in this process) on every rank of the job."""
 
     def __init__(self, workers: int) -> None:
-        self.world, self.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        self.world, self.rank = (
+            int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ.get("RANK", "0")),
+        )
         if self.world > 1:
             import torch.distributed as dist
 
             if not dist.is_initialized():
                 dist.init_process_group(backend="gloo")
         self.workers = workers
-        self.pool = mp.get_context("fork").Pool(workers, initializer=_init_worker) if workers > 1 else None
+        self.pool = (
+            mp.get_context("fork").Pool(workers, initializer=_init_worker) if workers > 1 else None
+        )
 
     @property
     def is_main(self) -> bool:
@@ -61,7 +66,9 @@ class Runner:
         """This rank's share of ``jobs``: the rank-th contiguous world-th."""
         return jobs[len(jobs) * self.rank // self.world : len(jobs) * (self.rank + 1) // self.world]
 
-    def map(self, fn: Callable[[Any], Any], jobs: list, done: Callable[[Any], None] | None = None) -> list:
+    def map(
+        self, fn: Callable[[Any], Any], jobs: list, done: Callable[[Any], None] | None = None
+    ) -> list:
         """fn(job) for every job, on this rank's share; every rank gets all results, in job order.
         ``done`` is called with each of this rank's results as it arrives (progress)."""
         mine = []
