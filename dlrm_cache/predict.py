@@ -31,7 +31,8 @@ from tqdm import tqdm
 
 from .after_config import require
 from .data.format import MANIFEST, Manifest, WriteError, atomic_file
-from .data.loader import Batch, OneIdPerSample, Prefetcher, ShardStream
+from .data.loader import Batch, OneIdPerSample, ShardStream
+from .threads import Prefetcher
 from .parallel.dist import resolve_device
 from .rawinput import LABELLED, IdMapper, Rows, detect_width, new_bad_line_log, read_rows
 from .train.metrics import EvalMetrics, format_table

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 # The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
 from .data import criteo
 from .data.format import MANIFEST, SPARSE_NAMES, Manifest, one_line, sha256_file
-from .data.preprocess import BadLineLog, RankLookup
-from .data.preprocess import _hash as hash_ids
+from .data.preprocess.badlines import BadLineLog
+from .data.preprocess.parse import bad_part, hash_ids
 from .data.stats import COUNTS, SUMMARY, FeatureStats
 
 LABELLED = criteo.NUM_FIELDS  # label, I1..I13, C1..C26
@@ -56,6 +56,22 @@ def new_bad_line_log(policy: str, max_reports: int) -> BadLineLog:
 
 BadLineError = criteo.BadLineError
 InputError = criteo.InputError
+
+
+class RankLookup:
+    """id -> row for one feature: its rank if kept, else the rare (last) row (the mapping
+    preprocess's encoding applies through its id tables, here from the statistics directly)."""
+
+    def __init__(self, fs: FeatureStats, dtype: np.dtype) -> None:
+        import pandas as pd
+
+        self.index = pd.Index(fs.ids)  # hash table: O(1) per lookup even for 10M-id tables
+        self.rare = fs.table_size - 1
+        self.dtype = dtype
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        pos = self.index.get_indexer(ids)  # position in rank order, -1 if not kept
+        return np.where(pos >= 0, pos, self.rare).astype(self.dtype)
 
 
 class IdMapper:
@@ -167,7 +183,7 @@ def read_rows(
         parsed = criteo.parse_block(data, block.first_line, block.num_lines)
         if width == UNLABELLED:
             parsed.bad_details = [_unlabelled_detail(d) for d in parsed.bad_details]
-        bad.add(path, parsed)
+        bad.add(path, bad_part(parsed, bad.max_reports), 0)
         yield Rows(
             parsed.lines + 1,
             parsed.label if width == LABELLED else None,

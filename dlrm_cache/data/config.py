@@ -80,9 +80,9 @@ class PreprocessConfig:
     bad_lines: BadLines = BadLines.skip
     bad_line_reports: int = checked(10, ge=0)  # skip: how many bad lines to print as file:line: reason
     rows_per_shard: int = checked(250_000, ge=1)
-    chunk_bytes: int = checked(32 << 20, ge=1)  # raw bytes parsed at a time (memory ~ 10x this)
-    # Parsed training blocks kept in memory from pass 1 for pass 2 (not parsed twice); 0 = off.
-    cache_mb: int = checked(1024, ge=0)
+    chunk_bytes: int = checked(32 << 20, ge=1)  # raw bytes parsed at a time per worker (memory ~ 10x this)
+    workers: int = checked(0, ge=0)  # processes per machine (0: the cores this process may use); same output for any
+    cache_mb: int = checked(1024, ge=0)  # unused: every line is parsed once, pass 2 reads pass 1's columns
     overwrite: bool = False  # rebuild even if `output` already holds a dataset
     progress: bool = True  # tqdm progress bars
 

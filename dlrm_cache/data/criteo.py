@@ -35,6 +35,7 @@ blanked (their reason kept) and the block is parsed again, one row per line.
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ BAD_HEX = "categorical not 1-8 hex digits"
 # another version are not reused.  2: acceptance no longer depends on the other lines of a block.
 LINE_POLICY_VERSION = 2
 MAX_LINE_BYTES = 64 << 10  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
+# Criteo 1TB's file names: day_0 ... day_23, plain or gzip (read in numeric order).
+DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _LINE_BYTES = b"0123456789abcdefABCDEF-\t\n"  # every byte of a valid line (after CRLF -> LF)
@@ -117,6 +120,11 @@ class Parsed:
 
 
 # --------------------------------------------------------------------------------------- reading
+def day_file_name(day: int, gz: bool) -> str:
+    """The name of day ``day``'s file (matches :data:`DAY_FILE`)."""
+    return f"day_{day}" + (".gz" if gz else "")
+
+
 def is_gzip(path: str | Path) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == _GZIP_MAGIC
@@ -177,6 +185,27 @@ def _rest_of_line(reader: BinaryIO) -> tuple[bytes, int]:
                 rest += b"\n"
                 break
     return rest, consumed
+
+
+def read_range(path: str | Path, start: int, end: int) -> bytes:
+    """The whole lines of a plain file that start in bytes [start, end): from the first line start
+    at or after ``start`` through the line that crosses ``end`` (see :func:`iter_blocks` for how a
+    too-long last line is cut)."""
+    with open(path, "rb") as f:
+        pos = start
+        if start > 0:
+            f.seek(start - 1)  # a line starts at ``start`` iff the byte before it ends one
+            k = f.read(end - start + 1).find(b"\n")  # never past ``end``: a long line costs once
+            if k < 0:
+                return b""
+            pos += k
+            f.seek(pos)
+        if pos >= end:
+            return b""
+        data = f.read(end - pos)
+        if data and not data.endswith(b"\n"):
+            data += _rest_of_line(f)[0]
+        return data
 
 
 def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
@@ -370,12 +399,18 @@ def _field_text(table: pa.Table, name: str, row: int) -> str:
     return repr(v.decode("utf-8", "replace") if isinstance(v, bytes) else "")
 
 
-def parse_block(data: bytes, first_line: int = 0, num_lines: int | None = None) -> Parsed:
-    """Parse one block of whole lines; ``first_line`` is the file line index of its first line."""
+def parse_block(
+    data: bytes, first_line: int = 0, num_lines: int | None = None, at_file_start: bool | None = None
+) -> Parsed:
+    """Parse one block of whole lines; ``first_line`` is the line index of its first line (in the
+    file, or in whatever the caller counts from); ``at_file_start``: the block starts the file
+    (default: ``first_line == 0``), where a byte order mark is dropped."""
+    if at_file_start is None:
+        at_file_start = first_line == 0
     if data.startswith(_BOM):
         # A file's byte order mark is dropped.  Elsewhere it is data, but pyarrow would drop it at
         # the start of any block: its first byte is made NUL, which fails the same checks.
-        data = data[len(_BOM) :] if first_line == 0 else b"\0" + data[1:]
+        data = data[len(_BOM) :] if at_file_start else b"\0" + data[1:]
     data = _normalize_line_ends(data)
     if num_lines is None:
         num_lines = data.count(b"\n") + (not data.endswith(b"\n"))

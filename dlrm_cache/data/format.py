@@ -232,6 +232,16 @@ def read_errors(path: str | os.PathLike) -> Iterator[None]:
                         "preprocess the data again (`dlrm-cache verify` checks a whole dataset)") from None
 
 
+def write_shard(table: Any, path: str | os.PathLike) -> None:
+    """Write one shard (a pyarrow Table with the columns above) under a temporary name, then
+    rename it into place.  Every shard of a dataset is written by this function."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    # lz4 without dictionary pages: ~3x faster to write than the defaults, ~30% larger.
+    write_parquet(table, tmp, row_group_size=table.num_rows, compression="lz4", use_dictionary=False)
+    os.replace(tmp, path)
+
+
 class WriteError(OSError):
     """An output that could not be written (disk full, quota, file size limit): the message names
     it and says what was kept."""

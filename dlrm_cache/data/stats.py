@@ -23,7 +23,7 @@ SUMMARY = "stats/summary.json"
 COVERAGE_PCTS = (0.1, 1.0, 1.5, 5.0, 10.0)  # "top k% of rows" reported in the summary
 
 
-def _sum_by_id(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sum_by_id(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge (id, count) pairs with repeated ids: sorted unique ids and their summed counts."""
     if len(ids) == 0:
         return ids, counts
@@ -58,7 +58,7 @@ class IdCounter:
             return
         ids = np.concatenate([self.ids, *(p[0] for p in self._pending)])
         counts = np.concatenate([self.counts, *(p[1] for p in self._pending)])
-        self.ids, self.counts = _sum_by_id(ids, counts)
+        self.ids, self.counts = sum_by_id(ids, counts)
         self._pending, self._pending_len = [], 0
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:

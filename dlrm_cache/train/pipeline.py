@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from ..data.loader import Batch, Prefetcher
+from ..data.loader import Batch
+from ..threads import Prefetcher
 from ..embedding.base import EmbeddingBackend
 from ..streams import streams_for
 

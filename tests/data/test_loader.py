@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dlrm_cache.data.format import Manifest
-from dlrm_cache.data.loader import Prefetcher, ShardStream
+from dlrm_cache.data.loader import ShardStream
+from dlrm_cache.threads import Prefetcher
 
 
 def _rows(batch) -> np.ndarray:

@@ -1,0 +1,107 @@
+"""Raw Criteo text -> processed dataset (`dlrm-cache preprocess`); layout in :mod:`..format`.
+
+Stages, each a list of independent jobs run by ``workers`` processes (and divided among the ranks
+under torchrun, :mod:`.workers`); memory ~ one block per worker plus distinct ids, not lines:
+
+1. parse (:mod:`.parse`): each line is parsed once, into columnar parts on disk;
+2. count (:mod:`.count`): ids per feature over the *training* rows, merged per feature, ranked by
+   (count descending, id ascending), ids seen fewer than ``min_count`` times folded into the rare
+   row (the last row); ``stats/counts.parquet`` and ``stats/summary.json`` are written;
+3. encode (:mod:`.encode`): ids -> ranks (ids unseen in training -> rare row), parquet shards of
+   ``rows_per_shard`` rows per split.
+
+The output is a function of the inputs and the output-changing settings only, byte for byte: not of
+``workers``, ``chunk_bytes`` or the number of ranks.  Lines are parsed by :mod:`..criteo`, which
+states the malformed-line policy; :mod:`.badlines` counts and reports them; :mod:`.splits` says
+which split a line is in; ``hash_modulus`` m > 0 maps id -> id mod m before counting (the empty
+value stays :data:`..format.MISSING_ID`, its own row, so a table has at most m + 2 rows).
+:mod:`.output` owns the output directory (reuse, atomic replacement, leftovers of killed runs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import PreprocessConfig
+from ..format import write_shard as _write_shard  # shards are written through this name
+from .build import build
+from .errors import PreprocessError
+from .output import SETTINGS, build_dir, check_replaceable, check_reuse, clean_stale, settings
+from .sources import find_sources, select_files
+from .workers import Runner, available_cores
+from ..format import Manifest, resolve_path
+
+__all__ = ["PreprocessError", "SETTINGS", "preprocess"]
+
+
+def _write(table: Any, path: Path) -> None:
+    _write_shard(table, path)  # looked up at call time: a test may wrap it
+
+
+def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
+    """Build (or reuse) the processed dataset described by ``cfg``; returns its manifest."""
+    from hydra.utils import to_absolute_path
+
+    inp = resolve_path(to_absolute_path(str(cfg.input)), "input")
+    out = resolve_path(to_absolute_path(str(cfg.output)), "output")
+    workers = int(getattr(cfg, "workers", 0)) or available_cores()
+    runner = Runner(workers)
+    failed = True
+    try:
+        manifest = _run(cfg, inp, out, runner)
+        failed = False
+        return manifest
+    finally:
+        runner.close(failed)
+
+
+def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
+    t0 = time.perf_counter()
+    sources = find_sources(inp)
+    if any(out == p or out in p.parents for p in [inp, *sources]):
+        raise PreprocessError(f"output {out} would contain the input {inp}; choose another output")
+    files, file_splits = select_files(cfg, inp, sources)
+    wanted = settings(cfg, files)
+    reused, root = None, None
+    if runner.is_main:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(out)
+        reused = check_reuse(out, wanted, bool(cfg.overwrite))
+        if reused is None:
+            check_replaceable(out)
+            root = build_dir(out, os.getpid())
+            try:
+                root.mkdir()  # first, so an output that cannot be written fails before any reading
+            except PermissionError as e:
+                raise PreprocessError(
+                    f"output {out}: cannot create files in {out.parent} ({e.strerror})"
+                ) from None
+    reused, root = runner.share((reused, root))
+    if reused is not None:
+        if runner.is_main:
+            print(f"preprocess: up to date, reusing {out}")
+        return reused
+    try:
+        manifest = build(cfg, files, file_splits, wanted, root, runner, _write)
+        runner.gather(None)  # every rank's shards are in before rank 0 renames
+        if runner.is_main:
+            from ..format import replace_dir
+
+            replace_dir(root, out)  # the old dataset stays complete until the new one is in
+    except BaseException:
+        if runner.is_main:
+            runner.close(failed=True)
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    dt = time.perf_counter() - t0
+    lines = sum(s.rows for s in manifest.splits.values()) + sum(manifest.bad_lines.values())
+    if runner.is_main:
+        print(
+            f"preprocess: {lines} lines in {dt:.1f}s ({lines / dt:,.0f} lines/s, "
+            f"{runner.workers} worker(s) x {runner.world} rank(s)) -> {out}"
+        )
+    return manifest

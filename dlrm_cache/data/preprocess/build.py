@@ -1,0 +1,282 @@
+"""The stages of one build, in order, from the raw files to a complete dataset in ``root``.
+
+Every stage's jobs go through :class:`.workers.Runner`; what a stage hands to the next is either
+small (line counts, rows per split, bad-line records: returned by the jobs) or lives in the
+work area ``root/.work`` (parsed parts, partial counts, id tables), removed before the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..format import (
+    NUM_SPARSE,
+    SCHEMA_VERSION,
+    SPARSE_NAMES,
+    SPLITS,
+    Manifest,
+    SplitInfo,
+    sha256_file,
+)
+from ..stats import COUNTS, SUMMARY, format_summary, summarize, write_counts
+from . import count, encode, parse
+from .badlines import BadLineLog, why_no_training_lines
+from .errors import PreprocessError
+from .output import SETTINGS
+from .sources import plan_tasks
+from .splits import SplitPlan, plan_splits
+from .workers import Runner, star
+
+WORK = ".work"
+STAGES = ("parse", "stage", "count", "merge", "rank", "read", "encode", "write")
+
+
+class Timings:
+    """CPU seconds per stage (summed over workers: robust to a busy machine) and wall seconds
+    per phase."""
+
+    def __init__(self) -> None:
+        self.busy = dict.fromkeys(STAGES, 0.0)
+        self.wall: dict[str, float] = {}
+
+    def add(self, secs: dict[str, float]) -> None:
+        for k, v in secs.items():
+            self.busy[k] += v
+
+    def line(self) -> str:
+        busy = ", ".join(f"{k} {v:.1f}" for k, v in self.busy.items())
+        wall = ", ".join(f"{k} {v:.1f}" for k, v in self.wall.items())
+        return f"preprocess: CPU seconds per stage: {busy}; wall seconds: {wall}"
+
+
+def _bar(total: int, desc: str, unit: str, progress: bool) -> tqdm:
+    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, disable=not progress)
+
+
+def build(
+    cfg: Any,
+    files: list[Path],
+    file_splits: list[str],
+    wanted: dict[str, Any],
+    root: Path,
+    runner: Runner,
+    write: Callable[[Any, Path], None],
+) -> Manifest:
+    """Build the dataset into ``root`` (rank 0 writes the shared files); returns its manifest."""
+    work = root / WORK
+    if runner.is_main:
+        work.mkdir()
+        for split in SPLITS:
+            (root / split).mkdir()
+    runner.gather(None)
+    timings = Timings()
+    progress = bool(cfg.progress) and runner.is_main
+
+    t = time.perf_counter()
+    tasks = plan_tasks(files, int(cfg.chunk_bytes))
+    modulus = int(cfg.hash_modulus)
+    jobs = [
+        (
+            parse.parse_task,
+            task,
+            int(cfg.chunk_bytes),
+            modulus,
+            str(work),
+            int(cfg.bad_line_reports),
+        )
+        for task in tasks
+    ]
+    sizes = [task.size for task in runner.mine(tasks)]
+    with _bar(sum(sizes), "parse", "B", progress) as bar:
+        done = iter(sizes)
+        results = runner.map(star, jobs, done=lambda _: bar.update(next(done)))
+    parts = [p for task_parts, _ in results for p in task_parts]
+    for _, secs in results:
+        timings.add(secs)
+    timings.wall["parse"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    file_lines, spans = _line_offsets(tasks, parts, len(files))
+    plan = plan_splits(cfg, files, file_splits, file_lines)
+    bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
+    for part, span in zip(parts, spans):
+        bad.add(files[part.file], part, span.file_line)
+    split_rows, stats = _count(cfg, plan, spans, work, runner, timings, progress)
+    timings.wall["count"] = time.perf_counter() - t
+    n_train = sum(r[0] for r in split_rows)
+    if n_train == 0:
+        raise PreprocessError(
+            why_no_training_lines(cfg, plan, _train_bad(cfg, plan, parts, spans, files))
+        )
+    summary = summarize(stats)
+    summary.update(min_count=int(cfg.min_count), hash_modulus=modulus, train_lines=n_train)
+    if runner.is_main:
+        (root / "stats").mkdir()
+        write_counts(root / COUNTS, stats)
+        (root / SUMMARY).write_text(json.dumps(summary, indent=2))
+        print(format_summary(summary))
+
+    t = time.perf_counter()
+    table_sizes = [stats[n].table_size for n in SPARSE_NAMES]
+    splits = _encode(
+        cfg, spans, split_rows, table_sizes, work, root, runner, write, timings, progress
+    )
+    timings.wall["encode"] = time.perf_counter() - t
+    for msg in bad.reports:
+        if runner.is_main:
+            print(f"preprocess: skipped {msg}")
+    if bad.counts and runner.is_main:
+        print(f"preprocess: skipped {sum(bad.counts.values())} malformed lines: {bad.counts}")
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        table_sizes=table_sizes,
+        splits=splits,
+        stats_digest="",
+        min_count=int(cfg.min_count),
+        hash_modulus=modulus,
+        sources=[str(p) for p in plan.files],
+        split_spec=plan.spec(),
+        bad_lines=dict(sorted(bad.counts.items())),
+    )
+    runner.gather(None)  # every rank is done with the work area
+    if runner.is_main:
+        shutil.rmtree(work)
+        manifest.stats_digest = sha256_file(root / COUNTS)
+        (root / SETTINGS).write_text(json.dumps(wanted, indent=2))
+        manifest.save(root)  # last: its presence marks the dataset complete
+        print(timings.line())
+    return manifest
+
+
+def _line_offsets(
+    tasks: list, parts: list[parse.Part], n_files: int
+) -> tuple[list[int], list[count.PartSpan]]:
+    """Lines per file, and each part's first line in its file and its file's first line overall."""
+    task_lines = [0] * len(tasks)
+    for p in parts:
+        task_lines[p.task] += p.num_lines
+    task_first = [0] * len(tasks)
+    file_lines = [0] * n_files
+    for task in tasks:
+        task_first[task.index] = file_lines[task.file]
+        file_lines[task.file] += task_lines[task.index]
+    file_first = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
+    spans = [
+        count.PartSpan(p.prefix, p.file, task_first[p.task] + p.first_line, file_first[p.file])
+        for p in parts
+    ]
+    return file_lines, spans
+
+
+def _train_bad(
+    cfg: Any,
+    plan: SplitPlan,
+    parts: list[parse.Part],
+    spans: list[count.PartSpan],
+    files: list[Path],
+) -> BadLineLog:
+    """The malformed lines of the training split (for the error when it has no good line)."""
+    log = BadLineLog("skip", 0)
+    for part, span in zip(parts, spans):
+        keep = plan.codes(span.file, span.global_line, part.bad_lines + span.file_line) == 0
+        log.add(files[part.file], part, span.file_line, keep)
+    return log
+
+
+def _count(
+    cfg: Any,
+    plan: SplitPlan,
+    spans: list[count.PartSpan],
+    work: Path,
+    runner: Runner,
+    timings: Timings,
+    progress: bool,
+) -> tuple[list[list[int]], dict]:
+    """Rows per split of every part, and the ranked per-feature stats."""
+    n_groups = max(1, min(len(spans), runner.workers * runner.world))
+    bounds = [len(spans) * g // n_groups for g in range(n_groups + 1)]
+    groups = [str(work / f"counts-{g:04d}") for g in range(n_groups)]
+    jobs = [
+        (count.count_group, plan, spans[bounds[g] : bounds[g + 1]], groups[g])
+        for g in range(n_groups)
+    ]
+    with _bar(len(spans), "count", "part", progress) as bar:
+        results = runner.map(star, jobs, done=lambda r: bar.update(len(r[0])))
+    split_rows = [rows for group_rows, _ in results for rows in group_rows]
+    timings.add({"count": sum(secs for _, secs in results)})
+    buckets = n_groups
+    merged = [
+        [str(work / f"merged-{j:02d}-{b:04d}") for b in range(buckets)] for j in range(NUM_SPARSE)
+    ]
+    jobs = [
+        (count.merge_bucket, j, b, buckets, groups, merged[j][b])
+        for j in range(NUM_SPARSE)
+        for b in range(buckets)
+    ]
+    timings.add({"merge": sum(runner.map(star, jobs))})
+    prefixes = [count.feature_prefix(work, j) for j in range(NUM_SPARSE)]
+    jobs = [
+        (count.rank, j, merged[j], int(cfg.min_count), int(cfg.hash_modulus), prefixes[j])
+        for j in range(NUM_SPARSE)
+    ]
+    ranked = runner.map(star, jobs)
+    timings.add({"rank": sum(r.seconds for r in ranked)})
+    stats = {name: count.load_stats(prefixes[j], ranked[j]) for j, name in enumerate(SPARSE_NAMES)}
+    return split_rows, stats
+
+
+_ENCODER: dict[tuple, encode.Encoder] = {}  # per worker process: the tables, mapped once
+
+
+def _encode_job(
+    tables: tuple[str, ...],
+    sizes: tuple[int, ...],
+    job: encode.ShardJob,
+    root: Path,
+    write: Callable,
+) -> dict[str, float]:
+    enc = _ENCODER.get(tables)
+    if enc is None:
+        _ENCODER.clear()
+        enc = _ENCODER[tables] = encode.Encoder(list(tables), list(sizes))
+    return enc.shard(job, root, write)
+
+
+def _encode(
+    cfg: Any,
+    spans: list[count.PartSpan],
+    split_rows: list[list[int]],
+    table_sizes: list[int],
+    work: Path,
+    root: Path,
+    runner: Runner,
+    write: Callable,
+    timings: Timings,
+    progress: bool,
+) -> dict[str, SplitInfo]:
+    shard_jobs = encode.plan_shards([s.prefix for s in spans], split_rows, int(cfg.rows_per_shard))
+    tables = tuple(f"{count.feature_prefix(work, j)}.table" for j in range(NUM_SPARSE))
+    flat = [job for split in SPLITS for job in shard_jobs[split]]
+    jobs = [(_encode_job, tables, tuple(table_sizes), job, root, write) for job in flat]
+    rows = [j.rows for j in runner.mine(flat)]
+    with _bar(sum(rows), "encode", "row", progress) as bar:
+        done = iter(rows)
+        results = runner.map(star, jobs, done=lambda _: bar.update(next(done)))
+    for secs in results:
+        timings.add(secs)
+    return {
+        split: SplitInfo(
+            rows=sum(j.rows for j in shard_jobs[split]),
+            shards=[j.rel for j in shard_jobs[split]],
+            shard_rows=[j.rows for j in shard_jobs[split]],
+        )
+        for split in SPLITS
+    }

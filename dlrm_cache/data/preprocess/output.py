@@ -1,0 +1,96 @@
+"""The output directory: reuse when up to date, refuse foreign directories, atomic replacement.
+
+The dataset is built in a temporary sibling directory (shards under temporary names, the manifest
+last) and then renamed into place, so ``output`` is either absent, the old complete dataset or the
+new one; leftovers of a killed run are removed by the next run (one run per output at a time).  An
+existing complete dataset is reused when its recorded inputs (path, size and a hash of the first
+and last MiB of each file) and settings match, else the run stops unless ``overwrite=true``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ...config import config_dict
+from .. import criteo
+from ..format import MANIFEST, Manifest, recover_dir
+from ..reuse import compare, remove_stale
+from .errors import PreprocessError
+from .sources import fingerprint
+
+SETTINGS = "preprocess.json"  # inputs + settings of the build, compared on re-runs
+_OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS}
+# Settings that cannot change the output (acceptance of a line is a property of the line alone, so
+# chunk_bytes is one of them; the output is the same for every worker count).  Every other setting
+# is recorded and compared on re-runs, so a setting added later counts as changing the output
+# unless it is listed here.
+_NOT_OUTPUT_KEYS = frozenset(
+    {
+        "input",
+        "output",
+        "bad_line_reports",
+        "chunk_bytes",
+        "cache_mb",
+        "overwrite",
+        "progress",
+        "workers",
+    }
+)
+
+
+def settings(cfg: Any, files: list[Path]) -> dict[str, Any]:
+    """What the output is a function of: the inputs' fingerprints and the settings that
+    change it."""
+    d = config_dict(cfg)
+    return {
+        "inputs": [fingerprint(p) for p in files],
+        "line_policy": criteo.LINE_POLICY_VERSION,
+        **{k: v for k, v in sorted(d.items()) if k not in _NOT_OUTPUT_KEYS},
+    }
+
+
+def check_reuse(out: Path, wanted: dict[str, Any], overwrite: bool) -> Manifest | None:
+    """The existing dataset if it can be reused; None if it must be (re)built."""
+    if not (out / MANIFEST).exists() or overwrite:
+        return None
+    recorded = compare(out / SETTINGS, wanted)
+    if recorded.matches:
+        return Manifest.load(out)
+    changed = [k for k in recorded.changed if k in wanted]
+    raise PreprocessError(
+        f"{out} already holds a dataset built from other inputs/settings "
+        f"({', '.join(changed) or 'unknown'}); "
+        "pass overwrite=true to rebuild it"
+    )
+
+
+def build_dir(out: Path, pid: int) -> Path:
+    """Where a run builds the dataset before renaming it to ``out``."""
+    return out.parent / f".{out.name}.tmp-{pid}"
+
+
+def clean_stale(out: Path) -> None:
+    """Remove build directories left by killed runs, and finish a replacement a kill interrupted
+    (the old dataset back if the new one never arrived)."""
+    recover_dir(out)
+    stale = re.compile(rf"\.{re.escape(out.name)}\.tmp-\d+")
+    remove_stale(out.parent, lambda p: p.is_dir() and bool(stale.fullmatch(p.name)))
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace a directory that holds anything but a (partial) dataset of ours."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise PreprocessError(f"output {out} exists and is not a directory")
+    foreign = [
+        p.name for p in out.iterdir() if p.name not in _OWN_ENTRIES and not p.name.startswith(".")
+    ]
+    if foreign:
+        raise PreprocessError(
+            f"output {out} holds files that are not a processed dataset "
+            f"({', '.join(sorted(foreign)[:3])}); "
+            "choose another output"
+        )
