@@ -91,7 +91,7 @@ def _recorded_rank(overrides: list[str]) -> dict:
     """One torchrun rank (gloo, CPU) training under its own recorder: what the checks found."""
     from hydra import compose, initialize_config_dir
 
-    from dlrm_cache.config import config_dir, register_configs
+    from dlrm_cache.configstore import config_dir, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
