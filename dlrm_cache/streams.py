@@ -58,6 +58,11 @@ class Streams:
         """``stream`` is the calling thread's current stream inside the ``with`` block."""
         return contextlib.nullcontext()
 
+    def on_host(self) -> contextlib.AbstractContextManager:
+        """Work inside the block is on host tensors only (it would not touch a GPU): the tests'
+        recorder attributes it to no stream, and its reads wait for no device work."""
+        return contextlib.nullcontext()
+
     def thread_setup(self) -> contextlib.AbstractContextManager:
         """Entered by every thread (other than the main one) that issues device work."""
         return contextlib.nullcontext()

@@ -29,6 +29,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ..streams import streams_for
 from ..parallel.dist import DistInfo
 from .checkpoint import step_dir
 
@@ -74,6 +75,8 @@ class StopAgreement:
     def __init__(self, info: DistInfo) -> None:
         self.signum: int | None = None
         self._group = dist.new_group(backend="gloo") if info.distributed else None
+        # a host tensor over a gloo group: never a device synchronization, whatever the device
+        self._host = streams_for(torch.device("cpu")).on_host
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
 
     def requested(self) -> int | None:
@@ -84,11 +87,12 @@ class StopAgreement:
             self.signum = mine or None
             return self.signum
         agreed = self._collect()  # the flags all ranks sent one step ago
-        flag = torch.tensor([mine], dtype=torch.int64)
-        self._pending = (
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
-            flag,
-        )
+        with self._host():
+            flag = torch.tensor([mine], dtype=torch.int64)
+            self._pending = (
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+                flag,
+            )
         self.signum = agreed or None
         return self.signum
 
@@ -98,7 +102,8 @@ class StopAgreement:
         work, flag = self._pending
         self._pending = None
         work.wait()
-        return int(flag.item())
+        with self._host():
+            return int(flag.item())
 
     def close(self) -> None:
         """Wait for the exchange in flight (every rank has one: they all asked as often)."""

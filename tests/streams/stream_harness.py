@@ -161,6 +161,15 @@ class RecordingStreams(Streams):
             self._tls.stream = saved
 
     @contextlib.contextmanager
+    def on_host(self):
+        saved = getattr(self._tls, "host", False)
+        self._tls.host = True
+        try:
+            yield
+        finally:
+            self._tls.host = saved
+
+    @contextlib.contextmanager
     def thread_setup(self):
         with self._mode if not self.closed else contextlib.nullcontext():
             yield
@@ -267,13 +276,18 @@ class RecordingStreams(Streams):
         return clock
 
     def _dispatch(self, func, args, kwargs):
+        if getattr(self._tls, "host", False):  # host tensors (Streams.on_host): no stream
+            return func(*args, **kwargs)
         kind = _sync_kind(func, args, kwargs)
         stream = self.current_stream()
         with self._lock:
-            clock = self._issue(stream)
+            clock = dict(self._issue(stream))
             if kind is not None:  # the host waits for this op too
                 self._host_read(stream, kind)
-            out = func(*args, **kwargs)
+        # run outside the lock: an op may block (a collective waiting for another rank) while
+        # another thread records its own ops; the accesses are ordered by the clocks, not by time
+        out = func(*args, **kwargs)
+        with self._lock:
             self._accesses_of(func, args, kwargs, out, stream, clock)
         return out
 

@@ -25,42 +25,45 @@ from dlrm_cache.train.loop import train
 STEPS = 12
 
 
-def _record_training(monkeypatch, data: Path, run_dir: Path, overrides: list[str]):
-    """Train under the recorder; returns it (closed) and the run's summary."""
-    recorders: list[RecordingStreams] = []
-
-    def factory(device):
-        rec = RecordingStreams(device)
-        recorders.append(rec)
-        return rec
-
-    original_init = FreqCacheBackend.__init__
+def _tracked(init):
+    """``FreqCacheBackend.__init__`` that also has the recorder check the cache's slot buffers and
+    host store row by row."""
 
     def tracked_init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        rec = self.mover.streams
+        init(self, *args, **kwargs)
         for t in (self.mover.cache_w, self.mover.cache_m, self.store.data):
             if t is not None:
-                rec.track_rows(t)
+                self.mover.streams.track_rows(t)
 
-    def allowed(fn, why):
-        def wrapper(*args, **kwargs):
-            rec = streams_for("cpu")
-            with rec.allowed(why):
-                return fn(*args, **kwargs)
-        return wrapper
+    return tracked_init
 
-    monkeypatch.setattr(FreqCacheBackend, "__init__", tracked_init)
-    # an evaluation's metrics and a checkpoint read on the host by design (between steps)
-    monkeypatch.setattr(metrics.EvalMetrics, "compute", allowed(metrics.EvalMetrics.compute, "metrics"))
-    monkeypatch.setattr(build.TrainingRun, "checkpoint", allowed(build.TrainingRun.checkpoint, "checkpoint"))
+
+def _allowed(fn, why: str):
+    """``fn`` whose host reads may drain the step (an evaluation's metrics, a checkpoint)."""
+
+    def wrapper(*args, **kwargs):
+        with streams_for("cpu").allowed(why):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+# what the recorded runs wrap: (class, attribute, wrapper)
+_WRAPS = [(FreqCacheBackend, "__init__", _tracked),
+          (metrics.EvalMetrics, "compute", lambda f: _allowed(f, "metrics")),
+          (build.TrainingRun, "checkpoint", lambda f: _allowed(f, "checkpoint"))]
+
+
+def _record_training(monkeypatch, data: Path, run_dir: Path, overrides: list[str]):
+    """Train under the recorder; returns it (closed) and the run's summary."""
+    for cls, name, wrap in _WRAPS:
+        monkeypatch.setattr(cls, name, wrap(getattr(cls, name)))
     cfg = compose_train(base_overrides(data, run_dir) + [
         "embedding=freq_cache", f"max_steps={STEPS}", f"log_every={STEPS}", *overrides])
-    with streams_override(factory):
+    with streams_override(RecordingStreams):
         rec = streams_for("cpu")
         with rec.activate():
             summary = train(cfg)
-    assert recorders == [rec]
     return rec, summary
 
 
@@ -96,16 +99,10 @@ def _recorded_rank(overrides: list[str]) -> dict:
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
+    for cls, name, wrap in _WRAPS:  # a process of its own: nothing to undo
+        setattr(cls, name, wrap(getattr(cls, name)))
     with streams_override(RecordingStreams):
         rec = streams_for("cpu")
-        for cls, name, why in ((metrics.EvalMetrics, "compute", "metrics"), (build.TrainingRun, "checkpoint", "checkpoint")):
-            original = getattr(cls, name)
-
-            def wrapped(*args, _original=original, _why=why, **kwargs):
-                with rec.allowed(_why):
-                    return _original(*args, **kwargs)
-
-            setattr(cls, name, wrapped)
         with rec.activate():
             summary = train(cfg)
     return {"steps": summary["steps"], "recorded_steps": rec.steps, "ops": rec.ops,

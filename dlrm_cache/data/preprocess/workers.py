@@ -26,6 +26,10 @@ def available_cores() -> int:
 
 
 def _init_worker() -> None:
+    # A forked worker inherits its parent's Python signal handlers (torch's elastic launcher, a
+    # training run's stop handlers): the pool's terminate() must end it, whatever they are.
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(s, signal.SIG_DFL)
     try:  # Linux: SIGKILL this worker when its parent dies, even by SIGKILL
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
