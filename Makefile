@@ -48,8 +48,9 @@ bench: $(STAMP) ## embedding-layer benchmark (docs/benchmarks.md: real numbers n
 test: $(STAMP) ## install and run the test suite
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP) ## ruff (lint rules in pyproject.toml) and mypy on dlrm_cache/
+lint: $(STAMP) ## ruff (lint rules and format, pyproject.toml) and mypy on dlrm_cache/
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 format: $(STAMP) ## rewrite the sources in ruff's format (line length 100)

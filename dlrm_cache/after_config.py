@@ -7,7 +7,7 @@ dispatcher nothing); ``configs/predict.yaml`` and ``configs/export.yaml`` name t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -36,7 +36,7 @@ class PredictConfig:
     format: OutputFormat = OutputFormat.auto
     # raw input: the processed dataset the checkpoint was trained on (its stats map raw ids to
     # rows); null: the run's data.path
-    dataset: Optional[str] = None
+    dataset: str | None = None
     batch_size: int = checked(
         0, ge=0
     )  # 0: the run's data.eval_batch_size (what `train test=true` used)

@@ -15,7 +15,9 @@ from .embedding.freq_cache.layout import plan_table
 from .train.metrics import format_table
 
 
-def plan_series(rows: list[dict], bytes_per_row: int, embedding_dim: int, per_table: bool) -> dict[str, Any]:
+def plan_series(
+    rows: list[dict], bytes_per_row: int, embedding_dim: int, per_table: bool
+) -> dict[str, Any]:
     """What the plan figure draws: hit rates per ratio, the cache's MiB, per-table rates by table."""
     out: dict[str, Any] = {
         "ratio": [r["ratio"] for r in rows],
@@ -25,7 +27,9 @@ def plan_series(rows: list[dict], bytes_per_row: int, embedding_dim: int, per_ta
         "embedding_dim": embedding_dim,
     }
     if per_table:
-        out["per_table"] = {name: [r["per_table"][name] for r in rows] for name in rows[0]["per_table"]}
+        out["per_table"] = {
+            name: [r["per_table"][name] for r in rows] for name in rows[0]["per_table"]
+        }
     return out
 
 
@@ -46,18 +50,29 @@ def plan(cfg: DictConfig) -> list[dict]:
     def mib(n: int) -> float:
         return cache_mib(n, bytes_per_row)
 
-    print(f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
-          f"{mib(total_rows):,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
-          f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}")
-    print(f"{'ratio':>8} {'cache rows':>12} {'cache MiB':>10} {'static rows':>12} {'static MiB':>10} "
-          f"{'window rows':>12} {'window MiB':>10} {'added rows':>11} {'hit rate':>9} {'per-table caches':>17}")
+    print(
+        f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
+        f"{mib(total_rows):,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
+        f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}"
+    )
+    print(
+        f"{'ratio':>8} {'cache rows':>12} {'cache MiB':>10} {'static rows':>12} {'static MiB':>10} "
+        f"{'window rows':>12} {'window MiB':>10} {'added rows':>11} {'hit rate':>9} {'per-table caches':>17}"
+    )
     for r in rows:
-        print(f"{r['ratio']:>8.4f} {r['cache_rows']:>12,} {mib(r['cache_rows']):>10.1f} {r['static_rows']:>12,} "
-              f"{mib(r['static_rows']):>10.1f} {r['window_rows']:>12,} {mib(r['window_rows']):>10.1f} "
-              f"{r['added_rows']:>11,} {r['hit_rate']:>9.4f} {r['hit_rate_per_table_caches']:>17.4f}")
+        print(
+            f"{r['ratio']:>8.4f} {r['cache_rows']:>12,} {mib(r['cache_rows']):>10.1f} {r['static_rows']:>12,} "
+            f"{mib(r['static_rows']):>10.1f} {r['window_rows']:>12,} {mib(r['window_rows']):>10.1f} "
+            f"{r['added_rows']:>11,} {r['hit_rate']:>9.4f} {r['hit_rate_per_table_caches']:>17.4f}"
+        )
     if cfg.per_table:
         for r in rows:
-            print(format_table(sorted(r["per_table"].items()), title=f"per-table hit rate at ratio {r['ratio']}"))
+            print(
+                format_table(
+                    sorted(r["per_table"].items()),
+                    title=f"per-table hit rate at ratio {r['ratio']}",
+                )
+            )
     if cfg.output:
         atomic_write_text(cfg.output, json.dumps(rows, indent=1))
     if cfg.figure:

@@ -53,8 +53,10 @@ def _train_epilogue(run_dir: str) -> str:
 
     from .rundir import METRICS, SUMMARY
 
-    lines = [f"run files: {run_dir}/ ({METRICS}, {SUMMARY}, checkpoints/, .hydra/)",
-             f"plots:     dlrm-cache report {run_dir}"]
+    lines = [
+        f"run files: {run_dir}/ ({METRICS}, {SUMMARY}, checkpoints/, .hydra/)",
+        f"plots:     dlrm-cache report {run_dir}",
+    ]
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hc.runtime.cwd) / hc.sweep.dir  # as absolute as run_dir
@@ -109,15 +111,43 @@ def _export(cfg: DictConfig) -> None:
 
 # command -> (config name, function, one-line help)
 COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
-    "synth": ("synth", _synth, "write Criteo-format lines from a planted model (and its oracle AUC)"),
-    "preprocess": ("preprocess", _preprocess, "raw Criteo logs -> frequency stats + parquet shards"),
-    "train": ("train", _train, "train and evaluate a DLRM (embedding=host|hbm|uvm_cache|freq_cache)"),
+    "synth": (
+        "synth",
+        _synth,
+        "write Criteo-format lines from a planted model (and its oracle AUC)",
+    ),
+    "preprocess": (
+        "preprocess",
+        _preprocess,
+        "raw Criteo logs -> frequency stats + parquet shards",
+    ),
+    "train": (
+        "train",
+        _train,
+        "train and evaluate a DLRM (embedding=host|hbm|uvm_cache|freq_cache)",
+    ),
     "plan": ("plan", _plan, "predict the cache hit rate per cache ratio from the frequency stats"),
     "bench": ("bench", _bench, "embedding-layer and training-step benchmarks"),
-    "report": ("report", _report, "plots + a markdown summary of run directories or a -m sweep directory"),
-    "verify": ("verify", _verify, "read every shard of a processed dataset and check it against its manifest"),
-    "predict": ("predict", _predict, "click probabilities of a trained run for raw Criteo lines or a split"),
-    "export": ("export", _export, "a trained run as a torchrec DLRM state dict + constructor arguments"),
+    "report": (
+        "report",
+        _report,
+        "plots + a markdown summary of run directories or a -m sweep directory",
+    ),
+    "verify": (
+        "verify",
+        _verify,
+        "read every shard of a processed dataset and check it against its manifest",
+    ),
+    "predict": (
+        "predict",
+        _predict,
+        "click probabilities of a trained run for raw Criteo lines or a split",
+    ),
+    "export": (
+        "export",
+        _export,
+        "a trained run as a torchrec DLRM state dict + constructor arguments",
+    ),
 }
 
 
@@ -125,8 +155,15 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
 # The OSErrors are those of a path the user gave (their message names it), never a bug of ours;
 # WriteError: a file that could not be written (disk full, quota), named.
 USER_ERRORS = (
-    ValueError, IndexError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
-    WriteError, OSError,  # OSError: also a link loop (ELOOP), an I/O error (EIO), ... of a path given
+    ValueError,
+    IndexError,
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    WriteError,
+    OSError,  # OSError: also a link loop (ELOOP), an I/O error (EIO), ... of a path given
 )
 
 
@@ -158,17 +195,26 @@ def split_run_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
     user types (as `train` prints them) are taken off here; ``runs=[a,b]`` works as well.
     """
     n = 0
-    while n < len(argv) and (os.path.isdir(argv[n]) or ("=" not in argv[n] and not argv[n].startswith("-"))):
+    while n < len(argv) and (
+        os.path.isdir(argv[n]) or ("=" not in argv[n] and not argv[n].startswith("-"))
+    ):
         n += 1
     return argv[:n], argv[n:]
 
 
 def usage() -> str:
-    lines = ["usage: dlrm-cache <command> [hydra overrides ...]",
-             "       dlrm-cache report RUN_DIR [RUN_DIR ...] [hydra overrides ...]", "", "commands:"]
+    lines = [
+        "usage: dlrm-cache <command> [hydra overrides ...]",
+        "       dlrm-cache report RUN_DIR [RUN_DIR ...] [hydra overrides ...]",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in COMMANDS.items()]
-    lines += ["", "`dlrm-cache <command> --help` lists that command's options;",
-              "`dlrm-cache <command> --cfg job` prints the composed config."]
+    lines += [
+        "",
+        "`dlrm-cache <command> --help` lists that command's options;",
+        "`dlrm-cache <command> --cfg job` prints the composed config.",
+    ]
     return "\n".join(lines)
 
 
@@ -189,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     if command == "verify":
         paths, argv = split_run_dirs(argv)
         fn = functools.partial(_verify, paths=tuple(paths))
-    app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(_friendly(command, fn))
+    app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(
+        _friendly(command, fn)
+    )
     sys.argv = [f"dlrm-cache {command}", *argv]
     if os.environ.get("DLRM_CACHE_TRACEBACK"):
         app()
@@ -203,7 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
-    except OSError as e:  # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log
+    except (
+        OSError
+    ) as e:  # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log
         print(f"dlrm-cache {command}: error: hydra.run.dir: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:

@@ -43,8 +43,12 @@ class DataConfig:
     # global batch size: split across ranks under torchrun (the Criteo presets set 16384)
     batch_size: int = checked(1024, ge=1)
     eval_batch_size: int = checked(8192, ge=1)
-    prefetch_batches: int = checked(4, ge=1)  # batches decoded ahead by the background reader thread
-    analysis_threads: int = checked(2, ge=1)  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
+    prefetch_batches: int = checked(
+        4, ge=1
+    )  # batches decoded ahead by the background reader thread
+    analysis_threads: int = checked(
+        2, ge=1
+    )  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
@@ -75,7 +79,9 @@ class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
     warmup_steps: int = checked(0, ge=0)  # linear warm-up of both learning rates
-    decay_start: int = checked(0, ge=0)  # step where the polynomial (power 2) decay to 0 starts (MLPerf DLRM schedule)
+    decay_start: int = checked(
+        0, ge=0
+    )  # step where the polynomial (power 2) decay to 0 starts (MLPerf DLRM schedule)
     decay_steps: int = checked(0, ge=0)  # steps the decay takes (0: no decay)
 
 
@@ -112,8 +118,12 @@ class FreqCacheEmbeddingConfig(EmbeddingConfig):
     policy: CachePolicy = CachePolicy.freq
     refresh_counts: bool = False  # freq policy: add observed counts to the dataset counts
     lookahead: int = checked(2, ge=0)  # batches whose rows are fetched ahead (0 = synchronous)
-    static_fraction: float = checked(0.5, ge=0, le=1)  # share of the cache pinned to the hottest rows (never evicted)
-    row_map: RowMap = RowMap.auto  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row)
+    static_fraction: float = checked(
+        0.5, ge=0, le=1
+    )  # share of the cache pinned to the hottest rows (never evicted)
+    row_map: RowMap = (
+        RowMap.auto
+    )  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row)
     # samples per step whose ids the look-ahead window must hold (the trainer's global data.batch_size;
     # 0: no sizing, the window gets what cache_ratio leaves)
     batch_size: int = checked(0, ge=0)
@@ -139,7 +149,9 @@ def backend_target(name: str) -> str:
 class LoggerConfig:
     """Live views of the records train writes to metrics.jsonl (which stays the source of truth)."""
 
-    tensorboard: bool = False  # every record's numbers also as TensorBoard scalars in the run dir (rank 0)
+    tensorboard: bool = (
+        False  # every record's numbers also as TensorBoard scalars in the run dir (rank 0)
+    )
 
 
 @dataclass
@@ -151,41 +163,61 @@ class TrainConfig:
     seed: int = checked(0, ge=0)
     device: str = checked("auto", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
     epochs: int = checked(1, ge=1)
-    max_steps: int = checked(-1, ge=1, also=(-1,))  # stop after this many steps (-1: run all epochs)
-    eval_every: int = checked(0, ge=0)  # evaluate on the validation split every N steps (0: only at the end)
-    eval_batches: int = checked(-1, ge=1, also=(-1,))  # limit evaluation to N batches (-1: the whole split)
+    max_steps: int = checked(
+        -1, ge=1, also=(-1,)
+    )  # stop after this many steps (-1: run all epochs)
+    eval_every: int = checked(
+        0, ge=0
+    )  # evaluate on the validation split every N steps (0: only at the end)
+    eval_batches: int = checked(
+        -1, ge=1, also=(-1,)
+    )  # limit evaluation to N batches (-1: the whole split)
     test: bool = False  # also evaluate on the test split at the end
     log_every: int = checked(50, ge=1)  # metrics.jsonl train record every N steps
     checkpoint_every: int = checked(0, ge=0)  # steps between checkpoints (0: only at the end)
-    resume: str | None = None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
+    resume: str | None = (
+        None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
+    )
     overwrite: bool = False  # a run dir holding another run: delete that run's files and start anew
     # stop when a step's loss is more than this many times the largest of the previous 1000 steps
     # (0: off); a non-finite loss always stops the run
     loss_spike_factor: float = checked(10.0, gt=1, also=(0.0,))
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
-    shard_rows_above: int = checked(0, ge=0)  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
-    host_memory_gb: float = checked(0.0, ge=0)  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
+    shard_rows_above: int = checked(
+        0, ge=0
+    )  # torchrun: split tables with more rows row-wise over all ranks (0: only if too big)
+    host_memory_gb: float = checked(
+        0.0, ge=0
+    )  # host memory per rank for embedding tables (0: MemAvailable / local ranks)
     # A collective waiting longer than this fails instead of hanging (a dead rank ends the job at
     # once: torchrun; this is for a frozen one).  Healthy ranks wait on each other for minutes at
     # start-up (the slowest rank building its tables) and at each checkpoint (the rank with the most
     # rows writing and fsyncing its table file), so a short default would kill large runs.
     dist_timeout_s: float = checked(300.0, gt=0)
     precision: Precision = Precision.fp32  # fp32 | tf32 | bf16: the dense part's arithmetic
-    compile: bool = False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
+    compile: bool = (
+        False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
+    )
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 @dataclass
 class PlanConfig:
     data_path: str = "data/synth/processed"  # a processed dataset (its stats/ are read)
-    ratios: list[float] = checked(factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1], gt=0, le=1, nonempty=True)
+    ratios: list[float] = checked(
+        factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1], gt=0, le=1, nonempty=True
+    )
     embedding_dim: int = checked(128, ge=1)  # for the memory column
     per_table: bool = False  # also print each table's hit rate (and draw it)
     output: str | None = None  # write the predictions as JSON here
     figure: str | None = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
-    static_fraction: float = checked(FreqCacheEmbeddingConfig.static_fraction, ge=0, le=1)  # as embedding.static_fraction
-    lookahead: int = checked(FreqCacheEmbeddingConfig.lookahead, ge=0)  # as embedding.lookahead: batches fetched ahead
+    static_fraction: float = checked(
+        FreqCacheEmbeddingConfig.static_fraction, ge=0, le=1
+    )  # as embedding.static_fraction
+    lookahead: int = checked(
+        FreqCacheEmbeddingConfig.lookahead, ge=0
+    )  # as embedding.lookahead: batches fetched ahead
     # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
     batch_size: int = checked(16384, ge=0)
 
@@ -196,14 +228,20 @@ class BenchConfig:
     the freq_cache's planning (``kind=planning``) or the input pipeline (``kind=loader``)."""
 
     kind: BenchKind = BenchKind.embedding
-    backends: list[Backend] = checked(factory=lambda: [Backend.host, Backend.freq_cache], nonempty=True)
+    backends: list[Backend] = checked(
+        factory=lambda: [Backend.host, Backend.freq_cache], nonempty=True
+    )
     cache_ratios: list[float] = checked(factory=lambda: [0.015], gt=0, le=1, nonempty=True)
-    uvm_algorithms: list[UvmAlgorithm] = field(default_factory=lambda: [UvmAlgorithm.lru, UvmAlgorithm.lfu])
+    uvm_algorithms: list[UvmAlgorithm] = field(
+        default_factory=lambda: [UvmAlgorithm.lru, UvmAlgorithm.lfu]
+    )
     lookahead: int = checked(FreqCacheEmbeddingConfig.lookahead, ge=0)  # as embedding.lookahead
     policy: CachePolicy = FreqCacheEmbeddingConfig.policy  # freq_cache eviction policy
     num_tables: int = checked(26, ge=1)
     rows_per_table: int = checked(20_000, ge=1)  # embedding kind: every table has this many rows
-    cardinality_scale: float = checked(0.01, gt=0)  # train/planning kinds: Criteo-Kaggle cardinalities times this
+    cardinality_scale: float = checked(
+        0.01, gt=0
+    )  # train/planning kinds: Criteo-Kaggle cardinalities times this
     embedding_dim: int = checked(128, ge=1)
     batch_size: int = checked(2048, ge=1)
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
@@ -214,7 +252,9 @@ class BenchConfig:
     compile: list[bool] = checked(factory=lambda: [False], nonempty=True)
     warmup: int = checked(10, ge=0)
     iters: int = checked(30, ge=1)
-    distinct_batches: int = checked(40, ge=1)  # fresh ids every step, cycling through this many generated batches
+    distinct_batches: int = checked(
+        40, ge=1
+    )  # fresh ids every step, cycling through this many generated batches
     # planning kind: batches run after the timed ones, counting host syncs and aten ops
     sync_count_batches: int = checked(5, ge=0)
     lr: float = checked(0.01, ge=0)
@@ -224,8 +264,12 @@ class BenchConfig:
     figure: str | None = MISSING  # the results as a PNG (set in bench.yaml; null: none)
     data_path: str | None = None  # loader kind: a processed dataset (its train split is read)
     shuffle: bool = True  # loader kind: shuffled as training reads it
-    epochs: int = checked(3, ge=1)  # loader kind: passes over the train split (the first also warms the page cache)
-    prefetch_batches: int = checked(4, ge=1)  # loader kind: the loader thread's queue, as data.prefetch_batches
+    epochs: int = checked(
+        3, ge=1
+    )  # loader kind: passes over the train split (the first also warms the page cache)
+    prefetch_batches: int = checked(
+        4, ge=1
+    )  # loader kind: the loader thread's queue, as data.prefetch_batches
 
 
 @dataclass
@@ -233,8 +277,12 @@ class ReportConfig:
     """`dlrm-cache report`: figures of run directories (train's run dir, or a -m sweep directory)."""
 
     runs: list[str] = field(default_factory=list)  # run directories, or one sweep directory
-    output: str | None = None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
-    worst_tables: int = checked(3, ge=0)  # per-table hit rates drawn for this many tables with the lowest hit rate
+    output: str | None = (
+        None  # directory for report.png/report.md (default: the run or sweep dir; several runs: .)
+    )
+    worst_tables: int = checked(
+        3, ge=0
+    )  # per-table hit rates drawn for this many tables with the lowest hit rate
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

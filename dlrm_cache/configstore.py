@@ -13,6 +13,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from .after_config import ExportConfig, PredictConfig
 from .config import (
     EMBEDDING_SCHEMAS,
     BenchConfig,
@@ -23,7 +24,6 @@ from .config import (
     ReportConfig,
     TrainConfig,
 )
-from .after_config import ExportConfig, PredictConfig
 from .data.config import PreprocessConfig, SynthConfig
 from .verify import VerifyConfig
 

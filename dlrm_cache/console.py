@@ -17,26 +17,32 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LogNoise:
     logger: str  # the logger the record is emitted on ("root": fbgemm calls logging.warning)
-    message: str  # regex matched at the start of the message, leading whitespace/colour codes skipped
+    message: (
+        str  # regex matched at the start of the message, leading whitespace/colour codes skipped
+    )
     why: str
 
 
 @dataclass(frozen=True)
 class WarningNoise:
     category: type[Warning]
-    message: str  # regex matched at the start of the warning text (warnings.filterwarnings semantics)
+    message: (
+        str  # regex matched at the start of the warning text (warnings.filterwarnings semantics)
+    )
     why: str
 
 
 LOG_NOISE = (
     LogNoise(
-        "root", r"_fbgemm_torch_compat_table has no entry for ",
+        "root",
+        r"_fbgemm_torch_compat_table has no entry for ",
         "fbgemm_gpu/__init__.py: fbgemm-gpu 1.6.0's own version table stops at 1.5, so every library it "
         "loads (4-14 per process) warns that it cannot check the torch pairing; the pair is pinned "
         "(torch 2.11 + fbgemm-gpu 1.6.0) and a real mismatch fails at import with undefined symbols",
     ),
     LogNoise(
-        "torch.fx._symbolic_trace", r"is_fx_tracing will return true for both fx\.symbolic_trace",
+        "torch.fx._symbolic_trace",
+        r"is_fx_tracing will return true for both fx\.symbolic_trace",
         "torch deprecation notice triggered inside torchrec (modules/regroup.py) at the first forward; "
         "nothing to change in dlrm-cache",
     ),
@@ -44,7 +50,8 @@ LOG_NOISE = (
 
 WARNING_NOISE = (
     WarningNoise(
-        UserWarning, r"TBE B200 optimization: ",
+        UserWarning,
+        r"TBE B200 optimization: ",
         "fbgemm-gpu 1.6.0's backward kernels (gen_embedding_backward_*_cuda.cu) TORCH_WARN whether a "
         "B200-only tuning applies, at the first backward on any GPU; informational",
     ),

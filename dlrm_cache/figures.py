@@ -51,8 +51,13 @@ def _percent_ticks(ax, ratios: Sequence[float]) -> None:
 def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 2) -> Path:
     """A grid of panels under one title."""
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 3.6 * rows + 0.8), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        rows,
+        columns,
+        figsize=(6.4 * columns, 3.6 * rows + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
     fig.suptitle(_wrap(title, 140), fontsize=11)
     for ax, panel in zip(axes.flat, panels):
         for line in panel.lines:
@@ -61,9 +66,15 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
                 drawn.set_linestyle("none")
             if line.annotate:
                 for x, y in zip(line.x, line.y):
-                    ax.annotate(format(y, line.annotate), (x, y), textcoords="offset points",
-                                xytext=(0, -12 if line.annotate_below else 6), ha="center", fontsize=7,
-                                color=drawn.get_color())
+                    ax.annotate(
+                        format(y, line.annotate),
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(0, -12 if line.annotate_below else 6),
+                        ha="center",
+                        fontsize=7,
+                        color=drawn.get_color(),
+                    )
         for label, y in panel.hlines:
             ax.axhline(y, color="tab:gray", linestyle="--", linewidth=1, label=label)
         if any(line.annotate for line in panel.lines):
@@ -79,11 +90,13 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
         ax.grid(True, alpha=0.3)
         if panel.x_percent:
             _percent_ticks(ax, sorted({v for line in panel.lines for v in line.x}))
-        if panel.xticks is not None:  # separate runs: every run's slot shown, labels clear of the edges
+        if (
+            panel.xticks is not None
+        ):  # separate runs: every run's slot shown, labels clear of the edges
             ax.set_xlim(-0.6, len(panel.xticks) - 0.4)
             ax.set_xticks(range(len(panel.xticks)), panel.xticks, fontsize=8)
         ax.legend(fontsize=8, loc="lower right" if panel.y_from_zero else "best")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     return save_png(fig, path)
 
@@ -92,7 +105,9 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     """Predicted hit rate against cache ratio with the cache's memory on a second axis; with
     per-table rates, a second panel: one row per table, one column per ratio."""
     per_table = series.get("per_table")
-    fig = plt.figure(figsize=(11, 4.6 + (0.26 * len(per_table) + 1.2 if per_table else 0)), layout="constrained")
+    fig = plt.figure(
+        figsize=(11, 4.6 + (0.26 * len(per_table) + 1.2 if per_table else 0)), layout="constrained"
+    )
     fig.suptitle(_wrap(title, 120), fontsize=11)
     top: Figure | SubFigure
     bottom: SubFigure | None
@@ -106,7 +121,14 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     ax.plot(x, series["hit_rate"], "o-", label="pooled cache (freq_cache)")
     ax.plot(x, series["hit_rate_per_table_caches"], "s--", label="a separate cache per table")
     for xi, yi in zip(x, series["hit_rate"]):
-        ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        ax.annotate(
+            f"{yi:.3f}",
+            (xi, yi),
+            textcoords="offset points",
+            xytext=(0, 7),
+            ha="center",
+            fontsize=8,
+        )
     ax.set_xscale("log")
     ax.margins(x=0.06)
     _percent_ticks(ax, x)
@@ -115,15 +137,33 @@ def draw_plan(series: dict[str, Any], title: str, path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(True, alpha=0.3)
     mem = ax.twinx()
-    mem.plot(x, series["cache_mib"], "^:", color="tab:gray",
-             label=f"cache GPU memory: rows + optimizer state at dim {series['embedding_dim']} (right axis)")
+    mem.plot(
+        x,
+        series["cache_mib"],
+        "^:",
+        color="tab:gray",
+        label=f"cache GPU memory: rows + optimizer state at dim {series['embedding_dim']} (right axis)",
+    )
     for xi, mib in zip(x, series["cache_mib"]):
-        mem.annotate(f"{mib:,.1f} MiB", (xi, mib), textcoords="offset points", xytext=(-5, 4), ha="right",
-                     fontsize=7, color="tab:gray")  # upper left of a rising curve: clear of it
+        mem.annotate(
+            f"{mib:,.1f} MiB",
+            (xi, mib),
+            textcoords="offset points",
+            xytext=(-5, 4),
+            ha="right",
+            fontsize=7,
+            color="tab:gray",
+        )  # upper left of a rising curve: clear of it
     mem.set_ylabel("cache GPU memory (MiB)")
     mem.set_ylim(0, max(series["cache_mib"]) * 1.15 or 1)
     handles = ax.get_legend_handles_labels()[0] + mem.get_legend_handles_labels()[0]
-    top.legend(handles, [str(h.get_label()) for h in handles], fontsize=8, loc="outside lower center", ncols=3)
+    top.legend(
+        handles,
+        [str(h.get_label()) for h in handles],
+        fontsize=8,
+        loc="outside lower center",
+        ncols=3,
+    )
     ax.set_title("Hit rate and memory per cache ratio", fontsize=10)
     if bottom is not None and per_table:
         _draw_table_heatmap(bottom.subplots(), per_table, x)
@@ -141,7 +181,15 @@ def _draw_table_heatmap(ax, per_table: dict[str, list[float]], ratios: list[floa
     ax.set_title("Predicted hit rate per table (a separate cache per table)", fontsize=10)
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
-            ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=7, color="black" if v > 0.6 else "white")
+            ax.text(
+                j,
+                i,
+                f"{v:.3f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if v > 0.6 else "white",
+            )
     ax.figure.colorbar(im, ax=ax, label="hit rate", fraction=0.04)
 
 
@@ -149,34 +197,59 @@ def draw_bench(series: dict[str, Any], title: str, path: Path) -> Path:
     """Horizontal bars per variant (baseline highlighted, speed relative to it written beside)."""
     labels = series["variant"]
     per_bar = 0.45 if series["metric"] == "ms_per_iter" else 0.8
-    fig, ax = plt.subplots(figsize=(10, 1.6 + per_bar * len(labels) + 0.9 * bool(series["skipped"])),
-                           layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(10, 1.6 + per_bar * len(labels) + 0.9 * bool(series["skipped"])),
+        layout="constrained",
+    )
     fig.suptitle(_wrap(title, 120), fontsize=11)
     y = range(len(labels))
     if series["metric"] == "ms_per_iter":
         colors = ["tab:orange" if v == series["baseline"] else "tab:blue" for v in labels]
         bars = ax.barh(y, series["ms_per_iter"], color=colors)
-        for bar, ms, sps, rel in zip(bars, series["ms_per_iter"], series["samples_per_s"], series["relative"]):
-            text = f" {ms:.2f} ms | {sps:,.0f} samples/s" + (f" | {rel:.2f}x" if rel is not None else "")
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8)
-        ax.set_xlabel("milliseconds per iteration (lower is faster); beside each bar: speed as a multiple of the baseline's")
+        for bar, ms, sps, rel in zip(
+            bars, series["ms_per_iter"], series["samples_per_s"], series["relative"]
+        ):
+            text = f" {ms:.2f} ms | {sps:,.0f} samples/s" + (
+                f" | {rel:.2f}x" if rel is not None else ""
+            )
+            ax.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8
+            )
+        ax.set_xlabel(
+            "milliseconds per iteration (lower is faster); beside each bar: speed as a multiple of the baseline's"
+        )
         if series["baseline"]:
             base = series["ms_per_iter"][labels.index(series["baseline"])]
-            ax.axvline(base, color="tab:orange", linestyle="--", linewidth=1,
-                       label=f"baseline: {series['baseline']} ({base:.2f} ms)")
+            ax.axvline(
+                base,
+                color="tab:orange",
+                linestyle="--",
+                linewidth=1,
+                label=f"baseline: {series['baseline']} ({base:.2f} ms)",
+            )
             ax.legend(fontsize=8, loc="lower right")
-        ax.set_xlim(0, max(series["ms_per_iter"]) * 1.75)  # room for the text beside the longest bar
+        ax.set_xlim(
+            0, max(series["ms_per_iter"]) * 1.75
+        )  # room for the text beside the longest bar
     else:  # kind=planning: the cache's own work per batch, in two threads
         h = 0.38
-        for offset, key, label in ((-h / 2, "analyze_ms", "analyze (loader thread)"),
-                                   (h / 2, "prefetch_ms", "prefetch (training thread, to a device sync)")):
+        for offset, key, label in (
+            (-h / 2, "analyze_ms", "analyze (loader thread)"),
+            (h / 2, "prefetch_ms", "prefetch (training thread, to a device sync)"),
+        ):
             bars = ax.barh([i + offset for i in y], series[key], h, label=label)
             for bar, ms in zip(bars, series[key]):
-                ax.text(bar.get_width(), bar.get_y() + h / 2, f" {ms:.2f} ms", va="center", fontsize=8)
+                ax.text(
+                    bar.get_width(), bar.get_y() + h / 2, f" {ms:.2f} ms", va="center", fontsize=8
+                )
         ax.set_xlabel("milliseconds per batch")
         ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
         ax.set_xlim(0, max(series["analyze_ms"] + series["prefetch_ms"]) * 1.2)
-    ax.set_yticks(list(y), [f"{v}\n(baseline)" if v == series.get("baseline") else v for v in labels], fontsize=9)
+    ax.set_yticks(
+        list(y),
+        [f"{v}\n(baseline)" if v == series.get("baseline") else v for v in labels],
+        fontsize=9,
+    )
     ax.invert_yaxis()
     ax.set_ylabel("backend / cache ratio")
     ax.grid(True, axis="x", alpha=0.3)

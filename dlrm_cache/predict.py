@@ -32,9 +32,9 @@ from tqdm import tqdm
 from .after_config import require
 from .data.format import MANIFEST, Manifest, WriteError, atomic_file
 from .data.loader import Batch, OneIdPerSample, ShardStream
-from .threads import Prefetcher
 from .parallel.dist import resolve_device
 from .rawinput import LABELLED, IdMapper, Rows, detect_width, new_bad_line_log, read_rows
+from .threads import Prefetcher
 from .train.metrics import EvalMetrics, format_table
 from .trained import Trained, open_trained
 
@@ -258,7 +258,7 @@ class PredictionWriter:
         self._stack = contextlib.ExitStack()
         self._writer: Any = None
 
-    def __enter__(self) -> "PredictionWriter":
+    def __enter__(self) -> PredictionWriter:
         if self.path.is_dir():
             raise IsADirectoryError(f"output={self.path}: is a directory; name a file")
         try:

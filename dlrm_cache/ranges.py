@@ -68,9 +68,16 @@ class Range:
             return "must be a finite number"
         if self.pattern is not None:
             return None if re.fullmatch(self.pattern, str(value)) else f"must match {self.pattern}"
-        bounds = [(op, cmp, b) for op, cmp, b in ((">=", operator.ge, self.ge), (">", operator.gt, self.gt),
-                                                  ("<=", operator.le, self.le), ("<", operator.lt, self.lt))
-                  if b is not None]
+        bounds = [
+            (op, cmp, b)
+            for op, cmp, b in (
+                (">=", operator.ge, self.ge),
+                (">", operator.gt, self.gt),
+                ("<=", operator.le, self.le),
+                ("<", operator.lt, self.lt),
+            )
+            if b is not None
+        ]
         if all(cmp(value, b) for _, cmp, b in bounds):
             return None
         need = " and ".join(f"{op} {b:g}" for op, _, b in bounds)
@@ -80,7 +87,9 @@ class Range:
 _ANY = Range()  # what a field without a declared range must satisfy (a finite number, if one)
 
 
-def checked(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None, **range_: Any) -> Any:
+def checked(
+    default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None, **range_: Any
+) -> Any:
     """A dataclass field with a default (or a ``factory`` for lists) and a :class:`Range`."""
     meta = {_RANGE: Range(**range_)}
     if factory is not None:
@@ -100,7 +109,9 @@ def validate(cfg: Any, prefix: str = "") -> None:
         return
     for f in dataclasses.fields(schema):
         rng: Range | None = f.metadata.get(_RANGE)
-        if OmegaConf.is_missing(cfg, f.name) or (rng is None and OmegaConf.is_interpolation(cfg, f.name)):
+        if OmegaConf.is_missing(cfg, f.name) or (
+            rng is None and OmegaConf.is_interpolation(cfg, f.name)
+        ):
             continue  # unset, or e.g. run_dir (resolved by Hydra's runtime): nothing to check
         value = cfg[f.name]
         if (p := (rng or _ANY).problem(value)) is not None:

@@ -92,7 +92,9 @@ def load_run(path: Path) -> RunRecord:
 def find_runs(paths: list[Path]) -> tuple[list[RunRecord], Path | None]:
     """The runs named by ``paths``, and the sweep directory when one -m sweep directory was given."""
     if not paths:
-        raise ValueError("runs: name at least one run directory (dlrm-cache report RUN_DIR [RUN_DIR ...])")
+        raise ValueError(
+            "runs: name at least one run directory (dlrm-cache report RUN_DIR [RUN_DIR ...])"
+        )
     if len(paths) == 1 and not (paths[0] / METRICS).exists():
         jobs = sorted((d for d in paths[0].glob("*") if is_run_dir(d)), key=_job_order)
         if jobs:
@@ -115,40 +117,117 @@ def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
     steps = [r["step"] for r in t]
     e_steps = [r["step"] for r in run.evals]
     last = max(steps + e_steps, default=1)
-    xlim = (0.0, last * 1.06)  # every panel over the whole run (even with one evaluation), room for labels
+    xlim = (
+        0.0,
+        last * 1.06,
+    )  # every panel over the whole run (even with one evaluation), room for labels
     panels = [
-        Panel("loss", "Training loss", "step", "binary cross-entropy (mean per log interval)",
-              [Line("train loss", steps, [r["loss"] for r in t], "-")], xlim=xlim),
-        Panel("samples_per_s", "Training throughput", "step", "samples/s",
-              [Line("samples/s (per log interval)", steps, [r["samples_per_s"] for r in t], "-")], xlim=xlim),
+        Panel(
+            "loss",
+            "Training loss",
+            "step",
+            "binary cross-entropy (mean per log interval)",
+            [Line("train loss", steps, [r["loss"] for r in t], "-")],
+            xlim=xlim,
+        ),
+        Panel(
+            "samples_per_s",
+            "Training throughput",
+            "step",
+            "samples/s",
+            [Line("samples/s (per log interval)", steps, [r["samples_per_s"] for r in t], "-")],
+            xlim=xlim,
+        ),
     ]
     oracle = (run.summary or {}).get("oracle_auc")
-    panels.append(Panel("val_auc", "Validation AUC", "step", "AUC",
-                        [Line("val AUC", e_steps, [r["auc"] for r in run.evals], annotate=_few(e_steps, ".4f"))], xlim=xlim,
-                        hlines=[(f"planted model (oracle) AUC {oracle:.4f}", oracle)] if oracle is not None else []))
-    panels.append(Panel("val_logloss", "Validation log loss", "step", "log loss",
-                        [Line("val log loss", e_steps, [r["logloss"] for r in run.evals], annotate=_few(e_steps, ".4f"))], xlim=xlim))
+    panels.append(
+        Panel(
+            "val_auc",
+            "Validation AUC",
+            "step",
+            "AUC",
+            [
+                Line(
+                    "val AUC", e_steps, [r["auc"] for r in run.evals], annotate=_few(e_steps, ".4f")
+                )
+            ],
+            xlim=xlim,
+            hlines=[(f"planted model (oracle) AUC {oracle:.4f}", oracle)]
+            if oracle is not None
+            else [],
+        )
+    )
+    panels.append(
+        Panel(
+            "val_logloss",
+            "Validation log loss",
+            "step",
+            "log loss",
+            [
+                Line(
+                    "val log loss",
+                    e_steps,
+                    [r["logloss"] for r in run.evals],
+                    annotate=_few(e_steps, ".4f"),
+                )
+            ],
+            xlim=xlim,
+        )
+    )
     rate_key = next((k for k in ("hit_rate", "hit_rate_distinct") if t and k in t[0]), None)
     if rate_key:
         what = "lookups" if rate_key == "hit_rate" else "distinct ids"
         lines = [Line(f"all tables ({what})", steps, [r[rate_key] for r in t], "-")]
         for name in worst_hit_tables(run, worst_tables):
             lines.append(Line(f"table {name}", steps, [r[f"hit_rate/{name}"] for r in t], "-"))
-        panels.append(Panel("hit_rate", f"Cache hit rate ({what} served by the cache)", "step",
-                            "hit rate (per log interval)", lines, xlim=xlim))
-    moved = [(k, label) for k, label in (("rows_loaded", "rows loaded (host to cache)"),
-                                         ("rows_written_back", "rows written back (cache to host)"))
-             if t and k in t[0]]
+        panels.append(
+            Panel(
+                "hit_rate",
+                f"Cache hit rate ({what} served by the cache)",
+                "step",
+                "hit rate (per log interval)",
+                lines,
+                xlim=xlim,
+            )
+        )
+    moved = [
+        (k, label)
+        for k, label in (
+            ("rows_loaded", "rows loaded (host to cache)"),
+            ("rows_written_back", "rows written back (cache to host)"),
+        )
+        if t and k in t[0]
+    ]
     if moved:
-        panels.append(Panel("rows_moved", "Cache traffic", "step", "rows per training step",
-                            [Line(label, steps, per_step(t, k)) for k, label in moved], xlim=xlim))
-    waits = [(k, label) for k, label in (("stall_s", "stall (training thread waits for a batch's plan)"),
-                                         ("transfer_wait_s", "transfer wait (step waits for its rows)"))
-             if t and k in t[0]]
+        panels.append(
+            Panel(
+                "rows_moved",
+                "Cache traffic",
+                "step",
+                "rows per training step",
+                [Line(label, steps, per_step(t, k)) for k, label in moved],
+                xlim=xlim,
+            )
+        )
+    waits = [
+        (k, label)
+        for k, label in (
+            ("stall_s", "stall (training thread waits for a batch's plan)"),
+            ("transfer_wait_s", "transfer wait (step waits for its rows)"),
+        )
+        if t and k in t[0]
+    ]
     if waits:
-        panels.append(Panel("waits", "Time the training step waited on the cache", "step", "ms per training step",
-                            [Line(label, steps, [1000 * v for v in per_step(t, k)]) for k, label in waits],
-                            xlim=xlim))
+        panels.append(
+            Panel(
+                "waits",
+                "Time the training step waited on the cache",
+                "step",
+                "ms per training step",
+                [Line(label, steps, [1000 * v for v in per_step(t, k)]) for k, label in waits],
+                xlim=xlim,
+            )
+        )
     return panels
 
 
@@ -174,10 +253,14 @@ def worst_hit_tables(run: RunRecord, n: int) -> list[str]:
 def run_title(run: RunRecord) -> str:
     c = run.config
     emb = c.get("embedding", {})
-    what = run.placement() + (f" cache_ratio={emb['cache_ratio']:g}" if "cache_ratio" in emb else "")
+    what = run.placement() + (
+        f" cache_ratio={emb['cache_ratio']:g}" if "cache_ratio" in emb else ""
+    )
     steps = run.summary["steps"] if run.summary else (run.train[-1]["step"] if run.train else 0)
-    return (f"dlrm-cache run {run.name}\n{what} | {steps:,} steps of batch {c['data']['batch_size']:,} "
-            f"| data {c['data']['path']}")
+    return (
+        f"dlrm-cache run {run.name}\n{what} | {steps:,} steps of batch {c['data']['batch_size']:,} "
+        f"| data {c['data']['path']}"
+    )
 
 
 # ----------------------------------------------------------------------------------- several runs
@@ -195,21 +278,37 @@ def compare(runs: list[RunRecord]) -> Sweep:
     done = [r for r in runs if r.summary is not None]
     unfinished = [r.path for r in runs if r.summary is None]
     if not done:
-        raise ValueError(f"{runs[0].path}: no finished run to compare (no {SUMMARY} in "
-                         f"{', '.join(str(p) for p in unfinished)})")
+        raise ValueError(
+            f"{runs[0].path}: no finished run to compare (no {SUMMARY} in "
+            f"{', '.join(str(p) for p in unfinished)})"
+        )
     flat = [flat_config(r.config) for r in done]
-    keys = sorted({k for f in flat for k in f if k not in _NOT_SWEPT
-                   and len({repr(g.get(k)) for g in flat}) > 1})
+    keys = sorted(
+        {
+            k
+            for f in flat
+            for k in f
+            if k not in _NOT_SWEPT and len({repr(g.get(k)) for g in flat}) > 1
+        }
+    )
     values: list[list[Any]] = [[f.get(k) for k in keys] for f in flat]
-    numeric = len(keys) == 1 and all(isinstance(v[0], (int, float)) and not isinstance(v[0], bool) for v in values)
+    numeric = len(keys) == 1 and all(
+        isinstance(v[0], (int, float)) and not isinstance(v[0], bool) for v in values
+    )
     if numeric:
         order = sorted(range(len(done)), key=lambda i: values[i][0])
         done, values = [done[i] for i in order], [values[i] for i in order]
         x = [float(v[0]) for v in values]
     else:
         x = list(range(len(done)))
-    labels = [_label(dict(zip(keys, vs)), present=[k for k in keys if all(f.get(k) is not None for f in flat)])
-              or r.name for r, vs in zip(done, values)]
+    labels = [
+        _label(
+            dict(zip(keys, vs)),
+            present=[k for k in keys if all(f.get(k) is not None for f in flat)],
+        )
+        or r.name
+        for r, vs in zip(done, values)
+    ]
     return Sweep(done, keys, x, labels, numeric, unfinished, predicted_hit_rates(done))
 
 
@@ -243,10 +342,21 @@ def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
     if data is None or all(e.get("cache_ratio") is None for e in embs):
         return [None] * len(runs)
     counts = load_counts(data)
-    d = FreqCacheEmbeddingConfig()  # a key a run's config lacks (uvm_cache, older runs): the default
-    return [plan_table(counts, [e["cache_ratio"]], e.get("static_fraction", d.static_fraction),
-                       e.get("lookahead", d.lookahead), e.get("batch_size", d.batch_size))[0]["hit_rate"]
-            if e.get("cache_ratio") else None for e in embs]
+    d = (
+        FreqCacheEmbeddingConfig()
+    )  # a key a run's config lacks (uvm_cache, older runs): the default
+    return [
+        plan_table(
+            counts,
+            [e["cache_ratio"]],
+            e.get("static_fraction", d.static_fraction),
+            e.get("lookahead", d.lookahead),
+            e.get("batch_size", d.batch_size),
+        )[0]["hit_rate"]
+        if e.get("cache_ratio")
+        else None
+        for e in embs
+    ]
 
 
 def _dataset_id(run: RunRecord) -> str:
@@ -274,8 +384,11 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
     runs, x = sweep.runs, sweep.x
     xlabel = sweep.keys[0] if sweep.numeric else "run"
     is_ratio = sweep.numeric and sweep.keys[0].endswith("cache_ratio")
-    common: dict[str, Any] = dict(xscale="log" if is_ratio else "linear", x_percent=is_ratio,
-                  xticks=None if sweep.numeric else sweep.labels)
+    common: dict[str, Any] = dict(
+        xscale="log" if is_ratio else "linear",
+        x_percent=is_ratio,
+        xticks=None if sweep.numeric else sweep.labels,
+    )
     if is_ratio:
         xlabel = "cache ratio (share of all embedding rows in the cache)"
 
@@ -285,38 +398,96 @@ def sweep_panels(sweep: Sweep) -> list[Panel]:
 
     oracle = [r.final["oracle_auc"] for r in runs if "oracle_auc" in r.final]
     panels = [
-        Panel("val_auc", "Final validation AUC", xlabel, "AUC", [Line("val AUC (end of run)", *pick("val_auc"), annotate=_few(x, ".4f"))],
-              hlines=[(f"planted model (oracle) AUC {oracle[0]:.4f}", oracle[0])] if oracle else [], **common),
-        Panel("samples_per_s", "Training throughput", xlabel, "samples/s (whole run)",
-              [Line("train samples/s", *pick("train_samples_per_s"), annotate=_few(x, ",.0f"))], y_from_zero=True, **common),
+        Panel(
+            "val_auc",
+            "Final validation AUC",
+            xlabel,
+            "AUC",
+            [Line("val AUC (end of run)", *pick("val_auc"), annotate=_few(x, ".4f"))],
+            hlines=[(f"planted model (oracle) AUC {oracle[0]:.4f}", oracle[0])] if oracle else [],
+            **common,
+        ),
+        Panel(
+            "samples_per_s",
+            "Training throughput",
+            xlabel,
+            "samples/s (whole run)",
+            [Line("train samples/s", *pick("train_samples_per_s"), annotate=_few(x, ",.0f"))],
+            y_from_zero=True,
+            **common,
+        ),
     ]
     # measured has come out below the plan's prediction in the runs so far: its labels go under the points
-    hit = [Line("measured (lookups served by the cache)", *pick("embedding_hit_rate"), annotate=_few(x, ".3f"),
-                annotate_below=True)]
+    hit = [
+        Line(
+            "measured (lookups served by the cache)",
+            *pick("embedding_hit_rate"),
+            annotate=_few(x, ".3f"),
+            annotate_below=True,
+        )
+    ]
     pred = [(xi, p) for xi, p in zip(x, sweep.predicted) if p is not None]
     if pred:
-        hit.append(Line("predicted by dlrm-cache plan", [p[0] for p in pred], [p[1] for p in pred], "s--",
-                        annotate=_few(pred, ".3f")))
+        hit.append(
+            Line(
+                "predicted by dlrm-cache plan",
+                [p[0] for p in pred],
+                [p[1] for p in pred],
+                "s--",
+                annotate=_few(pred, ".3f"),
+            )
+        )
     if hit[0].x or pred:
-        panels.append(Panel("hit_rate", "Cache hit rate: measured vs planned", xlabel, "hit rate",
-                            [line for line in hit if line.x], **common))
-    loaded = [(xi, r.final["embedding_rows_loaded"] / r.final["steps"]) for xi, r in zip(x, runs)
-              if "embedding_rows_loaded" in r.final and r.final["steps"]]
+        panels.append(
+            Panel(
+                "hit_rate",
+                "Cache hit rate: measured vs planned",
+                xlabel,
+                "hit rate",
+                [line for line in hit if line.x],
+                **common,
+            )
+        )
+    loaded = [
+        (xi, r.final["embedding_rows_loaded"] / r.final["steps"])
+        for xi, r in zip(x, runs)
+        if "embedding_rows_loaded" in r.final and r.final["steps"]
+    ]
     if loaded:
-        panels.append(Panel("rows_loaded", "Cache traffic", xlabel, "rows loaded per training step",
-                            [Line("rows loaded (host to cache)", [p[0] for p in loaded], [p[1] for p in loaded],
-                                  annotate=_few(loaded, ",.0f"))],
-                            y_from_zero=True, **common))
+        panels.append(
+            Panel(
+                "rows_loaded",
+                "Cache traffic",
+                xlabel,
+                "rows loaded per training step",
+                [
+                    Line(
+                        "rows loaded (host to cache)",
+                        [p[0] for p in loaded],
+                        [p[1] for p in loaded],
+                        annotate=_few(loaded, ",.0f"),
+                    )
+                ],
+                y_from_zero=True,
+                **common,
+            )
+        )
     return panels
 
 
 def sweep_title(sweep: Sweep, where: str) -> str:
     keys = sweep.keys
-    what = ", ".join(keys) if len(keys) <= 3 else f"{', '.join(keys[:3])} and {len(keys) - 3} more config keys"
+    what = (
+        ", ".join(keys)
+        if len(keys) <= 3
+        else f"{', '.join(keys[:3])} and {len(keys) - 3} more config keys"
+    )
     c = sweep.runs[0].config
     placements = " / ".join(dict.fromkeys(r.placement() for r in sweep.runs))
-    return (f"dlrm-cache report: {where}, {len(sweep.runs)} runs compared over {what or 'nothing (same config)'}\n"
-            f"{placements} | batch {c['data']['batch_size']:,} | data {c['data']['path']}")
+    return (
+        f"dlrm-cache report: {where}, {len(sweep.runs)} runs compared over {what or 'nothing (same config)'}\n"
+        f"{placements} | batch {c['data']['batch_size']:,} | data {c['data']['path']}"
+    )
 
 
 # ----------------------------------------------------------------------------------- markdown
@@ -329,34 +500,63 @@ def _fmt(v: Any) -> str:
 
 
 def run_markdown(run: RunRecord, worst: list[str]) -> str:
-    out = [f"# dlrm-cache report: {run.path}", "", f"![training, evaluation and cache]({REPORT_PNG})", "",
-           run_title(run).replace("\n", "  \n"), ""]
+    out = [
+        f"# dlrm-cache report: {run.path}",
+        "",
+        f"![training, evaluation and cache]({REPORT_PNG})",
+        "",
+        run_title(run).replace("\n", "  \n"),
+        "",
+    ]
     if run.summary is None:
-        out += [f"The run has not finished: no {SUMMARY} (the figure shows the records so far).", ""]
+        out += [
+            f"The run has not finished: no {SUMMARY} (the figure shows the records so far).",
+            "",
+        ]
     else:
         out += ["| result | value |", "|---|---|"]
         out += [f"| {k} | {_fmt(v)} |" for k, v in run.summary.items() if "/" not in k]
         out.append("")
     if worst and run.summary:
-        rates = ", ".join(f"{name} {run.summary.get(f'embedding_hit_rate/{name}', math.nan):.4f}" for name in worst)
+        rates = ", ".join(
+            f"{name} {run.summary.get(f'embedding_hit_rate/{name}', math.nan):.4f}"
+            for name in worst
+        )
         out += [f"Lowest per-table hit rates (whole run): {rates}", ""]
     return "\n".join(out)
 
 
 def sweep_markdown(sweep: Sweep, where: str) -> str:
-    out = [f"# dlrm-cache report: {where}", "", f"![runs compared]({REPORT_PNG})", "",
-           sweep_title(sweep, where).replace("\n", "  \n"), "",
-           "| run | " + (" | ".join(sweep.keys) or "config") + " | steps | val AUC | val log loss | samples/s "
-           "| hit rate | plan's hit rate |", "|---" * (7 + max(1, len(sweep.keys))) + "|"]
+    out = [
+        f"# dlrm-cache report: {where}",
+        "",
+        f"![runs compared]({REPORT_PNG})",
+        "",
+        sweep_title(sweep, where).replace("\n", "  \n"),
+        "",
+        "| run | "
+        + (" | ".join(sweep.keys) or "config")
+        + " | steps | val AUC | val log loss | samples/s "
+        "| hit rate | plan's hit rate |",
+        "|---" * (7 + max(1, len(sweep.keys))) + "|",
+    ]
     flat = [flat_config(r.config) for r in sweep.runs]
     for r, f, p in zip(sweep.runs, flat, sweep.predicted):
         s = r.final
-        vals = " | ".join("-" if f.get(k) is None else _short(f.get(k)) for k in sweep.keys) or "same"
-        out.append(f"| {r.name} | {vals} | {s['steps']:,} | {_fmt(s.get('val_auc', math.nan))} "
-                   f"| {_fmt(s.get('val_logloss', math.nan))} | {_fmt(s.get('train_samples_per_s', math.nan))} "
-                   f"| {_fmt(s.get('embedding_hit_rate', math.nan))} | {_fmt(p) if p is not None else 'n/a'} |")
+        vals = (
+            " | ".join("-" if f.get(k) is None else _short(f.get(k)) for k in sweep.keys) or "same"
+        )
+        out.append(
+            f"| {r.name} | {vals} | {s['steps']:,} | {_fmt(s.get('val_auc', math.nan))} "
+            f"| {_fmt(s.get('val_logloss', math.nan))} | {_fmt(s.get('train_samples_per_s', math.nan))} "
+            f"| {_fmt(s.get('embedding_hit_rate', math.nan))} | {_fmt(p) if p is not None else 'n/a'} |"
+        )
     if sweep.unfinished:
-        out += ["", f"Not finished (no {SUMMARY}), left out: " + ", ".join(str(p) for p in sweep.unfinished)]
+        out += [
+            "",
+            f"Not finished (no {SUMMARY}), left out: "
+            + ", ".join(str(p) for p in sweep.unfinished),
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from .data.format import atomic_write_text, to_json
@@ -42,7 +42,9 @@ class JsonlLog:
     def __init__(self, path: Path, enabled: bool = True, keep: int | None = None) -> None:
         self.path = path
         self.enabled = enabled
-        self.sinks: list[Callable[[dict], None]] = []  # also handed every record written (TensorBoard)
+        self.sinks: list[
+            Callable[[dict], None]
+        ] = []  # also handed every record written (TensorBoard)
         self.t0 = time.time()
         self.records = 0
         if enabled and path.exists():

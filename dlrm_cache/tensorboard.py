@@ -184,6 +184,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     while at < len(buf):
         key, at = _read_varint(buf, at)
         number, wire = key >> 3, key & 7
+        value: int | bytes
         if wire == 0:
             value, at = _read_varint(buf, at)
         elif wire == 1:

@@ -72,7 +72,7 @@ class Prefetcher:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 
-    def __iter__(self) -> "Prefetcher":
+    def __iter__(self) -> Prefetcher:
         return self
 
     def __next__(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import MISSING, OmegaConf
@@ -70,7 +71,7 @@ def check_stats(root: Path, manifest: Manifest) -> None:
     read_parquet(counts)
 
 
-def verify(cfg: VerifyConfig) -> None:
+def verify(cfg: VerifyConfig | Any) -> None:
     if OmegaConf.is_missing(cfg, "data_path"):
         raise ValueError("no dataset: dlrm-cache verify DATASET_DIR (or data_path=DATASET_DIR)")
     root = Path(cfg.data_path)

@@ -66,7 +66,7 @@ def summarize(trace: dict, gap_us: float = 50.0) -> dict:
     iv = streams[compute]
     gaps = [b2 - e1 for (_, e1), (b2, _) in zip(iv, iv[1:]) if b2 - e1 > gap_us]
     span = iv[-1][1] - iv[0][0]
-    out["compute_gaps_over_%dus" % gap_us] = len(gaps)
+    out[f"compute_gaps_over_{gap_us:g}us"] = len(gaps)
     out["compute_idle_share"] = round(1 - busy[compute] / span, 3) if span > 0 else 0.0
     return out
 
@@ -83,10 +83,21 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[
-            f"data.path={data}", f"run_dir={out / 'run'}", "progress=false", "max_steps=60",
-            "eval_batches=1", "embedding=freq_cache", *overrides])
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                f"data.path={data}",
+                f"run_dir={out / 'run'}",
+                "progress=false",
+                "max_steps=60",
+                "eval_batches=1",
+                "embedding=freq_cache",
+                *overrides,
+            ],
+        )
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
     # the whole run is profiled; the summary is over every kernel of it
     with profile(activities=activities, schedule=schedule(wait=0, warmup=0, active=1)) as prof:
         train(cfg)

@@ -20,8 +20,9 @@ from dlrm_cache.data.format import (
 )
 
 
-def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shard_rows: int = 700,
-                  seed: int = 0) -> Manifest:
+def write_dataset(
+    root: Path, rows: dict[str, int], table_sizes: list[int], shard_rows: int = 700, seed: int = 0
+) -> Manifest:
     rng = np.random.default_rng(seed)
     effects = [rng.normal(0, 1.0, n) for n in table_sizes]
     w = rng.normal(0, 0.5, len(DENSE_NAMES))
@@ -37,7 +38,12 @@ def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shar
             labels = (rng.random(m) < 1 / (1 + np.exp(-z))).astype(np.float32)
             cols = {LABEL: labels}
             cols.update({n_: dense[:, j] for j, n_ in enumerate(DENSE_NAMES)})
-            cols.update({n_: ids[j].astype(np.int32) for j, n_ in enumerate(SPARSE_NAMES[: len(table_sizes)])})
+            cols.update(
+                {
+                    n_: ids[j].astype(np.int32)
+                    for j, n_ in enumerate(SPARSE_NAMES[: len(table_sizes)])
+                }
+            )
             rel = f"{split}/part-{k:05d}.parquet"
             (root / split).mkdir(parents=True, exist_ok=True)
             write_parquet(pa.table(cols), root / rel)
@@ -47,8 +53,13 @@ def write_dataset(root: Path, rows: dict[str, int], table_sizes: list[int], shar
     stats = root / "stats"
     stats.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(
-        schema_version=SCHEMA_VERSION, table_sizes=list(table_sizes), splits=splits,
-        stats_digest="none", min_count=1, hash_modulus=0, sources=[],
+        schema_version=SCHEMA_VERSION,
+        table_sizes=list(table_sizes),
+        splits=splits,
+        stats_digest="none",
+        min_count=1,
+        hash_modulus=0,
+        sources=[],
         sparse_names=SPARSE_NAMES[: len(table_sizes)],
     )
     manifest.save(root)
@@ -84,8 +95,22 @@ def processed_synth(tmp_path_factory) -> Path:
     from dlrm_cache.data.synth import synth
 
     root = tmp_path_factory.mktemp("synth")
-    synth(SynthConfig(output=str(root / "raw"), lines=24_000, cardinality_scale=0.0005,
-                      min_cardinality=8, progress=False, seed=3))
-    preprocess(PreprocessConfig(input=str(root / "raw"), output=str(root / "processed"),
-                                rows_per_shard=5000, progress=False))
+    synth(
+        SynthConfig(
+            output=str(root / "raw"),
+            lines=24_000,
+            cardinality_scale=0.0005,
+            min_cardinality=8,
+            progress=False,
+            seed=3,
+        )
+    )
+    preprocess(
+        PreprocessConfig(
+            input=str(root / "raw"),
+            output=str(root / "processed"),
+            rows_per_shard=5000,
+            progress=False,
+        )
+    )
     return root / "processed"

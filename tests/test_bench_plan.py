@@ -26,14 +26,25 @@ from dlrm_cache.train.optim import dense_optimizer
 
 def _cfg(**kw):
     kw = {"batch_size": 64, **kw}
-    return OmegaConf.structured(BenchConfig(warmup=2, iters=3, distinct_batches=4, embedding_dim=8, device="cpu",
-                                            figure=None, **kw))
+    return OmegaConf.structured(
+        BenchConfig(
+            warmup=2, iters=3, distinct_batches=4, embedding_dim=8, device="cpu", figure=None, **kw
+        )
+    )
 
 
 def test_bench_embedding_compares_backends_in_one_run(tmp_path: Path):
     out = tmp_path / "b.json"
-    res = bench(_cfg(kind="embedding", num_tables=3, rows_per_table=500,
-                     backends=["host", "hbm", "freq_cache"], cache_ratios=[0.05, 0.2], output=str(out)))
+    res = bench(
+        _cfg(
+            kind="embedding",
+            num_tables=3,
+            rows_per_table=500,
+            backends=["host", "hbm", "freq_cache"],
+            cache_ratios=[0.05, 0.2],
+            output=str(out),
+        )
+    )
     by = {r["variant"]: r for r in json.loads(out.read_text())}
     assert set(by) == {"host", "hbm", "freq_cache 5.0%", "freq_cache 20.0%"}
     if not torch.cuda.is_available():
@@ -45,8 +56,15 @@ def test_bench_embedding_compares_backends_in_one_run(tmp_path: Path):
 
 
 def test_bench_train_and_planning_kinds():
-    res = bench(_cfg(kind="train", cardinality_scale=0.0002, backends=["host", "freq_cache"],
-                     bottom_mlp=[16], top_mlp=[16]))
+    res = bench(
+        _cfg(
+            kind="train",
+            cardinality_scale=0.0002,
+            backends=["host", "freq_cache"],
+            bottom_mlp=[16],
+            top_mlp=[16],
+        )
+    )
     assert all(r["ms_per_iter"] > 0 for r in res)
     res = bench(_cfg(kind="planning", cardinality_scale=0.0002, cache_ratios=[0.05]))
     assert res[0]["analyze_ms"] > 0 and res[0]["prefetch_ms"] > 0 and 0 < res[0]["hit_rate"] <= 1
@@ -54,14 +72,27 @@ def test_bench_train_and_planning_kinds():
 
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     out = tmp_path / "plan.json"
-    rows = plan(OmegaConf.structured(PlanConfig(data_path=str(processed_synth), ratios=[0.01, 0.05, 0.2],
-                                                output=str(out), figure=None)))
+    rows = plan(
+        OmegaConf.structured(
+            PlanConfig(
+                data_path=str(processed_synth),
+                ratios=[0.01, 0.05, 0.2],
+                output=str(out),
+                figure=None,
+            )
+        )
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
     hits = [r["hit_rate"] for r in rows]
     assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1
     cfg = PlanConfig()
-    expected = plan_table(load_counts(processed_synth), [0.01, 0.05, 0.2], cfg.static_fraction, cfg.lookahead,
-                          cfg.batch_size)
+    expected = plan_table(
+        load_counts(processed_synth),
+        [0.01, 0.05, 0.2],
+        cfg.static_fraction,
+        cfg.lookahead,
+        cfg.batch_size,
+    )
     np.testing.assert_allclose(hits, [r["hit_rate"] for r in expected])
     # the share of all lookups that go to the cache's cache_rows hottest rows (window sizing included)
     counts = np.sort(np.concatenate(list(load_counts(processed_synth).values())))[::-1]
@@ -76,8 +107,17 @@ def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(ca
     from dlrm_cache.cli import main
     from dlrm_cache.config import FreqCacheEmbeddingConfig
 
-    common = ["kind=embedding", "num_tables=2", "rows_per_table=300", "batch_size=32", "embedding_dim=8",
-              "warmup=1", "iters=2", "distinct_batches=2", "device=cpu"]
+    common = [
+        "kind=embedding",
+        "num_tables=2",
+        "rows_per_table=300",
+        "batch_size=32",
+        "embedding_dim=8",
+        "warmup=1",
+        "iters=2",
+        "distinct_batches=2",
+        "device=cpu",
+    ]
     if not torch.cuda.is_available():
         main(["bench", *common, "backends=[hbm,host]"])
         out = capsys.readouterr().out
@@ -87,19 +127,26 @@ def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(ca
             main(["bench", *common, "backends=[hbm]"])
         assert e.value.code == 1
         assert "no placement could run on this machine" in capsys.readouterr().err
-    monkeypatch.setattr(FreqCacheEmbeddingConfig, "_target_", "dlrm_cache.embedding.freq_cache.NoSuchBackend")
+    monkeypatch.setattr(
+        FreqCacheEmbeddingConfig, "_target_", "dlrm_cache.embedding.freq_cache.NoSuchBackend"
+    )
     with pytest.raises(SystemExit) as e:
         main(["bench", *common, "backends=[host,freq_cache]"])
     assert e.value.code == 1
     captured = capsys.readouterr()
-    assert "host  " in captured.out and "freq_cache 1.5%          FAILED: ImportError: Error loading" in captured.out
+    assert (
+        "host  " in captured.out
+        and "freq_cache 1.5%          FAILED: ImportError: Error loading" in captured.out
+    )
     assert "dlrm-cache bench: failed: freq_cache 1.5%: ImportError: Error loading" in captured.err
     assert "Traceback" in captured.err
 
 
 def test_bench_loader_reads_every_training_batch(small_dataset: Path, tmp_path: Path):
     out = tmp_path / "l.json"
-    res = bench(_cfg(kind="loader", data_path=str(small_dataset), batch_size=256, epochs=2, output=str(out)))
+    res = bench(
+        _cfg(kind="loader", data_path=str(small_dataset), batch_size=256, epochs=2, output=str(out))
+    )
     assert [r["epoch"] for r in res] == [0, 1]
     assert all(r["samples"] == (6000 // 256) * 256 for r in res)  # whole batches of the train split
     # the first batch's wait is reported apart: the rest of the epoch's samples in the rest of its time
@@ -116,8 +163,17 @@ def test_bench_loader_needs_a_dataset():
 
 
 def test_bench_train_runs_every_precision_and_compile_setting_with_a_breakdown():
-    res = bench(_cfg(kind="train", cardinality_scale=0.0002, backends=["host"], bottom_mlp=[16],
-                     top_mlp=[16], precisions=["fp32", "bf16"], compile=[False]))
+    res = bench(
+        _cfg(
+            kind="train",
+            cardinality_scale=0.0002,
+            backends=["host"],
+            bottom_mlp=[16],
+            top_mlp=[16],
+            precisions=["fp32", "bf16"],
+            compile=[False],
+        )
+    )
     assert [r["variant"] for r in res] == ["host", "host bf16"]
     assert [(r["precision"], r["compile"]) for r in res] == [("fp32", False), ("bf16", False)]
     for r in res:
@@ -132,9 +188,14 @@ def test_split_step_makes_the_training_steps_update(precision):
     tables = [TableSpec(f"C{i + 1}", 40, 8) for i in range(3)]
     g = torch.Generator().manual_seed(0)
     layout = OneIdPerSample([t.name for t in tables])
-    batches = [layout.batch(torch.rand(16, 13, generator=g), torch.randint(0, 40, (3, 16), generator=g, dtype=torch.int32),
-                            (torch.rand(16, generator=g) < 0.3).float())
-               for _ in range(3)]
+    batches = [
+        layout.batch(
+            torch.rand(16, 13, generator=g),
+            torch.randint(0, 40, (3, 16), generator=g, dtype=torch.int32),
+            (torch.rand(16, generator=g) < 0.3).float(),
+        )
+        for _ in range(3)
+    ]
     finals = []
     for split in (False, True):
         emb = HostBackend(tables, SparseOptim("rowwise_adagrad", 0.1))

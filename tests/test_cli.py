@@ -21,8 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "dlrm_cache", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_cache", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def compose_train(overrides):
@@ -39,20 +45,30 @@ def test_help_and_unknown_command(tmp_path):
 
 
 def test_cfg_job_from_any_directory(tmp_path):
-    res = cli("train", "embedding=freq_cache", "model.embedding_dim=64", "optim.sparse.lr=0.5",
-              "--cfg", "job", cwd=tmp_path)
+    res = cli(
+        "train",
+        "embedding=freq_cache",
+        "model.embedding_dim=64",
+        "optim.sparse.lr=0.5",
+        "--cfg",
+        "job",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert "FreqCacheBackend" in res.stdout and "embedding_dim: 64" in res.stdout
     assert "lr: 0.5" in res.stdout
 
 
-@pytest.mark.parametrize("override, error", [
-    (["embedding=freq_cache", "embedding.polcy=lru"], "polcy"),
-    (["model.embedding_dim=abc"], "embedding_dim"),
-    (["data.batch_size=1.5"], "batch_size"),
-    (["embedding=nope"], "nope"),
-    (["optim.sparse.momentum=0.9"], "momentum"),
-])
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        (["embedding=freq_cache", "embedding.polcy=lru"], "polcy"),
+        (["model.embedding_dim=abc"], "embedding_dim"),
+        (["data.batch_size=1.5"], "batch_size"),
+        (["embedding=nope"], "nope"),
+        (["optim.sparse.momentum=0.9"], "momentum"),
+    ],
+)
 def test_bad_overrides_fail_at_composition(override, error):
     with pytest.raises((ConfigCompositionException, ValidationError)) as e:
         compose_train(override)
@@ -66,44 +82,99 @@ def test_cli_bad_override_is_one_clear_error(tmp_path):
 
 
 def test_every_backend_config_composes():
-    for name, target in [("host", "HostBackend"), ("hbm", "HbmBackend"),
-                         ("uvm_cache", "UvmCacheBackend"), ("freq_cache", "FreqCacheBackend")]:
+    for name, target in [
+        ("host", "HostBackend"),
+        ("hbm", "HbmBackend"),
+        ("uvm_cache", "UvmCacheBackend"),
+        ("freq_cache", "FreqCacheBackend"),
+    ]:
         cfg = compose_train([f"embedding={name}"])
         assert cfg.embedding._target_.endswith(target)
 
 
 def test_wheel_ships_configs(tmp_path):
     """A non-editable install finds its configs: build the wheel, run the CLI from its contents."""
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                          "-q", "-w", str(tmp_path / "whl"), str(REPO)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "whl"),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     wheel = next((tmp_path / "whl").glob("*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "dlrm_cache/configs/train.yaml" in names and "dlrm_cache/configs/embedding/freq_cache.yaml" in names
+    assert (
+        "dlrm_cache/configs/train.yaml" in names
+        and "dlrm_cache/configs/embedding/freq_cache.yaml" in names
+    )
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    res = subprocess.run([sys.executable, "-m", "dlrm_cache", "train", "--cfg", "job"], cwd=work, env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "dlrm_cache", "train", "--cfg", "job"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "HostBackend" in res.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "data.path=/nonexistent/ds"], "/nonexistent/ds/manifest.json: no manifest"),
-    (["preprocess", "input=/nonexistent/raw", "output=/tmp/never"], "input /nonexistent/raw does not exist"),
-    (["plan", "data_path=/nonexistent/ds"], "/nonexistent/ds/manifest.json: no manifest; run `dlrm-cache preprocess` first (or point data_path at"),
-    # Hydra's own composition errors, one line too
-    (["train", "embedding=nope"], "Could not find 'embedding/nope'; choose one of: freq_cache, hbm, host, uvm_cache"),
-    (["train", "data.batch_size=abc"], "override data.batch_size=abc: Value 'abc' of type 'str' could not be"),
-    (["bench", "nosuchkey=1"], "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'"),
-    (["train", "-m", "embedding=freq_cache", "embedding.policy=lru,often"], "Invalid value 'often', expected one of"),
-    pytest.param(["train", "device=cuda:0"], "device=cuda:0: CUDA is not available",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "data.path=/nonexistent/ds"], "/nonexistent/ds/manifest.json: no manifest"),
+        (
+            ["preprocess", "input=/nonexistent/raw", "output=/tmp/never"],
+            "input /nonexistent/raw does not exist",
+        ),
+        (
+            ["plan", "data_path=/nonexistent/ds"],
+            "/nonexistent/ds/manifest.json: no manifest; run `dlrm-cache preprocess` first (or point data_path at",
+        ),
+        # Hydra's own composition errors, one line too
+        (
+            ["train", "embedding=nope"],
+            "Could not find 'embedding/nope'; choose one of: freq_cache, hbm, host, uvm_cache",
+        ),
+        (
+            ["train", "data.batch_size=abc"],
+            "override data.batch_size=abc: Value 'abc' of type 'str' could not be",
+        ),
+        (
+            ["bench", "nosuchkey=1"],
+            "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'",
+        ),
+        (
+            ["train", "-m", "embedding=freq_cache", "embedding.policy=lru,often"],
+            "Invalid value 'often', expected one of",
+        ),
+        pytest.param(
+            ["train", "device=cuda:0"],
+            "device=cuda:0: CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, message):
     res = cli(*args, cwd=tmp_path)
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith(f"dlrm-cache {args[0]}: error:"), res.stderr
+    assert (
+        len(lines) == 1
+        and message in lines[0]
+        and lines[0].startswith(f"dlrm-cache {args[0]}: error:")
+    ), res.stderr

@@ -32,8 +32,12 @@ def _compose(command: str, overrides: list[str]):
 
 
 def _schemas() -> list[type]:
-    return [c for m in (schemas, data_schemas) for c in vars(m).values()
-            if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__]
+    return [
+        c
+        for m in (schemas, data_schemas)
+        for c in vars(m).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__
+    ]
 
 
 def test_every_numeric_field_declares_its_range() -> None:
@@ -50,59 +54,80 @@ def test_every_numeric_field_declares_its_range() -> None:
 
 
 def test_every_shipped_config_is_in_range() -> None:
-    groups = {g: sorted(p.stem for p in (CONFIGS / g).glob("*.yaml")) for g in ("data", "model", "embedding", "optim")}
+    groups = {
+        g: sorted(p.stem for p in (CONFIGS / g).glob("*.yaml"))
+        for g in ("data", "model", "embedding", "optim")
+    }
     for combo in itertools.product(*groups.values()):
         validate(_compose("train", [f"{g}={c}" for g, c in zip(groups, combo)]))
     for command in ("synth", "preprocess", "plan", "bench"):
         validate(_compose(command, []))
 
 
-@pytest.mark.parametrize("command,override,message", [
-    ("train", "data.batch_size=0", "data.batch_size=0: must be >= 1"),
-    ("train", "data.batch_size=-8", "data.batch_size=-8: must be >= 1"),
-    ("train", "data.eval_batch_size=0", "data.eval_batch_size=0: must be >= 1"),
-    ("train", "log_every=0", "log_every=0: must be >= 1"),
-    ("train", "model.embedding_dim=0", "model.embedding_dim=0: must be >= 1"),
-    ("train", "model.top_mlp=[64,-1]", "model.top_mlp=[64, -1]: element -1 must be >= 1"),
-    ("train", "checkpoint_every=-5", "checkpoint_every=-5: must be >= 0"),
-    ("train", "epochs=0", "epochs=0: must be >= 1"),
-    ("train", "max_steps=0", "max_steps=0: must be >= 1 (or -1)"),
-    ("train", "eval_batches=-2", "eval_batches=-2: must be >= 1 (or -1)"),
-    ("train", "device=gpu", "device=gpu: must match"),
-    ("train", "optim.sparse.lr=-0.1", "optim.sparse.lr=-0.1: must be >= 0"),
-    ("train", "dist_timeout_s=0", "dist_timeout_s=0.0: must be > 0"),
-    ("train", "embedding=freq_cache embedding.cache_ratio=0", "embedding.cache_ratio=0.0: must be > 0 and <= 1"),
-    ("train", "embedding=freq_cache embedding.static_fraction=1.5", "embedding.static_fraction=1.5: must be >= 0 and <= 1"),
-    ("train", "embedding=uvm_cache embedding.cache_ratio=2", "embedding.cache_ratio=2.0: must be > 0 and <= 1"),
-    ("synth", "lines=0", "lines=0: must be >= 1"),
-    ("synth", "missing_rate=1.5", "missing_rate=1.5: must be >= 0 and <= 1"),
-    ("synth", "positive_rate=1", "positive_rate=1.0: must be > 0 and < 1"),
-    ("preprocess", "rows_per_shard=0", "rows_per_shard=0: must be >= 1"),
-    ("preprocess", "train_fraction=0", "train_fraction=0.0: must be > 0 and <= 1"),
-    ("preprocess", "chunk_bytes=0", "chunk_bytes=0: must be >= 1"),
-    ("plan", "ratios=[]", "ratios=[]: must not be empty"),
-    ("plan", "ratios=[0.1,2]", "ratios=[0.1, 2.0]: element 2.0 must be > 0 and <= 1"),
-    ("bench", "iters=0", "iters=0: must be >= 1"),
-    ("bench", "cache_ratios=[0]", "cache_ratios=[0.0]: element 0.0 must be > 0 and <= 1"),
-])
+@pytest.mark.parametrize(
+    "command,override,message",
+    [
+        ("train", "data.batch_size=0", "data.batch_size=0: must be >= 1"),
+        ("train", "data.batch_size=-8", "data.batch_size=-8: must be >= 1"),
+        ("train", "data.eval_batch_size=0", "data.eval_batch_size=0: must be >= 1"),
+        ("train", "log_every=0", "log_every=0: must be >= 1"),
+        ("train", "model.embedding_dim=0", "model.embedding_dim=0: must be >= 1"),
+        ("train", "model.top_mlp=[64,-1]", "model.top_mlp=[64, -1]: element -1 must be >= 1"),
+        ("train", "checkpoint_every=-5", "checkpoint_every=-5: must be >= 0"),
+        ("train", "epochs=0", "epochs=0: must be >= 1"),
+        ("train", "max_steps=0", "max_steps=0: must be >= 1 (or -1)"),
+        ("train", "eval_batches=-2", "eval_batches=-2: must be >= 1 (or -1)"),
+        ("train", "device=gpu", "device=gpu: must match"),
+        ("train", "optim.sparse.lr=-0.1", "optim.sparse.lr=-0.1: must be >= 0"),
+        ("train", "dist_timeout_s=0", "dist_timeout_s=0.0: must be > 0"),
+        (
+            "train",
+            "embedding=freq_cache embedding.cache_ratio=0",
+            "embedding.cache_ratio=0.0: must be > 0 and <= 1",
+        ),
+        (
+            "train",
+            "embedding=freq_cache embedding.static_fraction=1.5",
+            "embedding.static_fraction=1.5: must be >= 0 and <= 1",
+        ),
+        (
+            "train",
+            "embedding=uvm_cache embedding.cache_ratio=2",
+            "embedding.cache_ratio=2.0: must be > 0 and <= 1",
+        ),
+        ("synth", "lines=0", "lines=0: must be >= 1"),
+        ("synth", "missing_rate=1.5", "missing_rate=1.5: must be >= 0 and <= 1"),
+        ("synth", "positive_rate=1", "positive_rate=1.0: must be > 0 and < 1"),
+        ("preprocess", "rows_per_shard=0", "rows_per_shard=0: must be >= 1"),
+        ("preprocess", "train_fraction=0", "train_fraction=0.0: must be > 0 and <= 1"),
+        ("preprocess", "chunk_bytes=0", "chunk_bytes=0: must be >= 1"),
+        ("plan", "ratios=[]", "ratios=[]: must not be empty"),
+        ("plan", "ratios=[0.1,2]", "ratios=[0.1, 2.0]: element 2.0 must be > 0 and <= 1"),
+        ("bench", "iters=0", "iters=0: must be >= 1"),
+        ("bench", "cache_ratios=[0]", "cache_ratios=[0.0]: element 0.0 must be > 0 and <= 1"),
+    ],
+)
 def test_out_of_range_value_names_its_key(command: str, override: str, message: str) -> None:
     with pytest.raises(ConfigError) as e:
         validate(_compose(command, override.split()))
     assert str(e.value).startswith(message)
 
 
-@pytest.mark.parametrize("command,override", [
-    ("train", "optim.dense.name=bogus"),
-    ("train", "optim.sparse.name=adam"),
-    ("train", "embedding=freq_cache embedding.policy=mru"),
-    ("train", "embedding=freq_cache embedding.row_map=hash"),
-    ("train", "embedding=uvm_cache embedding.algorithm=fifo"),
-    ("preprocess", "split=week"),
-    ("preprocess", "bad_lines=ignore"),
-    ("bench", "kind=everything"),
-    ("bench", "backends=[host,gpu]"),
-    ("bench", "uvm_algorithms=[lru,fifo]"),
-])
+@pytest.mark.parametrize(
+    "command,override",
+    [
+        ("train", "optim.dense.name=bogus"),
+        ("train", "optim.sparse.name=adam"),
+        ("train", "embedding=freq_cache embedding.policy=mru"),
+        ("train", "embedding=freq_cache embedding.row_map=hash"),
+        ("train", "embedding=uvm_cache embedding.algorithm=fifo"),
+        ("preprocess", "split=week"),
+        ("preprocess", "bad_lines=ignore"),
+        ("bench", "kind=everything"),
+        ("bench", "backends=[host,gpu]"),
+        ("bench", "uvm_algorithms=[lru,fifo]"),
+    ],
+)
 def test_unknown_choice_fails_at_composition(command: str, override: str) -> None:
     with pytest.raises((ConfigCompositionException, ValidationError)) as e:
         _compose(command, override.split())
@@ -111,15 +136,23 @@ def test_unknown_choice_fails_at_composition(command: str, override: str) -> Non
 
 
 def test_choices_read_as_their_values() -> None:
-    cfg = _compose("train", ["optim.dense.name=adam", "embedding=freq_cache", "embedding.policy=lru"])
+    cfg = _compose(
+        "train", ["optim.dense.name=adam", "embedding=freq_cache", "embedding.policy=lru"]
+    )
     assert cfg.optim.dense.name == "adam" and f"{cfg.embedding.policy}" == "lru"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("DLRM_CACHE_TRACEBACK", None)
-    return subprocess.run([sys.executable, "-m", "dlrm_cache", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_cache", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_checks_ranges_before_anything_else(tmp_path: Path) -> None:
@@ -128,7 +161,9 @@ def test_cli_checks_ranges_before_anything_else(tmp_path: Path) -> None:
     res = _cli("train", "data.path=/nonexistent", "checkpoint_every=-5", cwd=tmp_path)
     assert res.returncode == 1
     assert res.stderr.strip() == "dlrm-cache train: error: checkpoint_every=-5: must be >= 0"
-    res = _cli("preprocess", "input=/nonexistent", f"output={tmp_path / 'ds'}", "min_count=0", cwd=tmp_path)
+    res = _cli(
+        "preprocess", "input=/nonexistent", f"output={tmp_path / 'ds'}", "min_count=0", cwd=tmp_path
+    )
     assert res.returncode == 1
     assert res.stderr.strip() == "dlrm-cache preprocess: error: min_count=0: must be >= 1"
     assert not (tmp_path / "ds").exists()
@@ -137,7 +172,10 @@ def test_cli_checks_ranges_before_anything_else(tmp_path: Path) -> None:
 def test_range_messages() -> None:
     assert Range(ge=1).problem(0) == "must be >= 1"
     assert Range(ge=1).problem(1) is None
-    assert Range(gt=0, le=1).problem(1.0) is None and Range(gt=0, le=1).problem(0.0) == "must be > 0 and <= 1"
+    assert (
+        Range(gt=0, le=1).problem(1.0) is None
+        and Range(gt=0, le=1).problem(0.0) == "must be > 0 and <= 1"
+    )
     assert Range(ge=1, also=(-1,)).problem(-1) is None
     assert Range(ge=1, nonempty=True).problem([]) == "must not be empty"
     assert Range(pattern=r"cpu|cuda(:\d+)?").problem("cuda:1") is None

@@ -68,8 +68,10 @@ def test_fx_tracing_notice_is_dropped_other_fx_messages_are_not(logger_sees):
 
 
 def test_b200_user_warning_is_dropped_by_message_and_category():
-    b200 = ("TBE B200 optimization: device_major=9, feature_enabled=0, segment_length=1024 (Triggered "
-            "internally at gen_embedding_backward_rowwise_adagrad_split_unweighted_cuda.cu:575.)")
+    b200 = (
+        "TBE B200 optimization: device_major=9, feature_enabled=0, segment_length=1024 (Triggered "
+        "internally at gen_embedding_backward_rowwise_adagrad_split_unweighted_cuda.cu:575.)"
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quiet_known_noise()
@@ -77,4 +79,6 @@ def test_b200_user_warning_is_dropped_by_message_and_category():
         warnings.warn("TBE something else", UserWarning)
         warnings.warn(b200, RuntimeWarning)  # same text, another category: not ours to hide
     assert [(w.category, str(w.message)[:20]) for w in caught] == [
-        (UserWarning, "TBE something else"), (RuntimeWarning, b200[:20])]
+        (UserWarning, "TBE something else"),
+        (RuntimeWarning, b200[:20]),
+    ]

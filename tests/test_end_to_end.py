@@ -27,9 +27,17 @@ def compose_train(overrides: list[str]):
 
 
 def common(data: Path, run: Path) -> list[str]:
-    return [f"data.path={data}", f"run_dir={run}", "device=cpu", "progress=false",
-            "data.batch_size=256", "model.embedding_dim=8", "model.bottom_mlp=[32]", "model.top_mlp=[32]",
-            "log_every=20"]
+    return [
+        f"data.path={data}",
+        f"run_dir={run}",
+        "device=cpu",
+        "progress=false",
+        "data.batch_size=256",
+        "model.embedding_dim=8",
+        "model.bottom_mlp=[32]",
+        "model.top_mlp=[32]",
+        "log_every=20",
+    ]
 
 
 def tables_and_dense(run: Path, step: int) -> dict[str, torch.Tensor]:
@@ -52,22 +60,35 @@ def test_planted_signal_is_learned(dataset: Path, tmp_path: Path):
 def test_freq_cache_trains_the_same_model_as_host(dataset: Path, tmp_path: Path, policy, lookahead):
     steps = ["max_steps=40", "eval_every=20"]
     host = train(compose_train(common(dataset, tmp_path / "host") + steps))
-    cached = train(compose_train(common(dataset, tmp_path / "cache") + steps + [
-        "embedding=freq_cache", "embedding.cache_ratio=0.05", f"embedding.policy={policy}",
-        f"embedding.lookahead={lookahead}"]))
+    cached = train(
+        compose_train(
+            common(dataset, tmp_path / "cache")
+            + steps
+            + [
+                "embedding=freq_cache",
+                "embedding.cache_ratio=0.05",
+                f"embedding.policy={policy}",
+                f"embedding.lookahead={lookahead}",
+            ]
+        )
+    )
     a, b = tables_and_dense(tmp_path / "host", 40), tables_and_dense(tmp_path / "cache", 40)
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     assert cached["val_auc"] == pytest.approx(host["val_auc"], abs=1e-4)
     # the cache really was small and busy: rows moved in and out
-    records = [json.loads(l) for l in (tmp_path / "cache" / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(l) for l in (tmp_path / "cache" / "metrics.jsonl").read_text().splitlines()
+    ]
     train_records = [r for r in records if r["kind"] == "train"]
     assert sum(r["rows_loaded"] for r in train_records) > 0
     assert sum(r["rows_written_back"] for r in train_records) > 0
     assert 0 < train_records[-1]["hit_rate"] < 1
     # every training lookup counted once, evaluation's (at step 20) in none of the train records
-    assert sum(r["accesses"] for r in train_records) == cached["embedding_accesses"] == 40 * 256 * 26
+    assert (
+        sum(r["accesses"] for r in train_records) == cached["embedding_accesses"] == 40 * 256 * 26
+    )
 
 
 @pytest.mark.gpu
@@ -76,8 +97,13 @@ def test_gpu_training_freq_cache_equals_hbm(dataset: Path, tmp_path: Path):
     steps = ["max_steps=40", "device=cuda"]
     hbm = train(compose_train(common(dataset, tmp_path / "hbm") + steps + ["embedding=hbm"]))
     # 25%: the cache's normal path (smaller caches send every batch of this data to the overflow path)
-    cached = train(compose_train(common(dataset, tmp_path / "cache") + steps + [
-        "embedding=freq_cache", "embedding.cache_ratio=0.25", "embedding.lookahead=2"]))
+    cached = train(
+        compose_train(
+            common(dataset, tmp_path / "cache")
+            + steps
+            + ["embedding=freq_cache", "embedding.cache_ratio=0.25", "embedding.lookahead=2"]
+        )
+    )
     a, b = tables_and_dense(tmp_path / "hbm", 40), tables_and_dense(tmp_path / "cache", 40)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
@@ -93,7 +119,9 @@ def test_gpu_model_with_host_tables_and_uvm_cache_train(dataset: Path, tmp_path:
     steps = ["max_steps=20", "device=cuda"]
     hbm = train(compose_train(common(dataset, tmp_path / "hbm") + steps + ["embedding=hbm"]))
     for name in ("host", "uvm_cache"):
-        other = train(compose_train(common(dataset, tmp_path / name) + steps + [f"embedding={name}"]))
+        other = train(
+            compose_train(common(dataset, tmp_path / name) + steps + [f"embedding={name}"])
+        )
         a, b = tables_and_dense(tmp_path / "hbm", 20), tables_and_dense(tmp_path / name, 20)
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-4, msg=f"{name} {k}")

@@ -35,14 +35,29 @@ from dlrm_cache.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 RATIOS = [0.02, 0.05, 0.2]
-SMALL = ["device=cpu", "progress=false", "data.batch_size=256", "model.embedding_dim=8",
-         "model.bottom_mlp=[16]", "model.top_mlp=[16]", "max_steps=12", "log_every=3", "eval_every=6"]
+SMALL = [
+    "device=cpu",
+    "progress=false",
+    "data.batch_size=256",
+    "model.embedding_dim=8",
+    "model.bottom_mlp=[16]",
+    "model.top_mlp=[16]",
+    "max_steps=12",
+    "log_every=3",
+    "eval_every=6",
+]
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "dlrm_cache", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm_cache", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +65,16 @@ def sweep(processed_synth: Path, tmp_path_factory) -> tuple[Path, subprocess.Com
     """One real `dlrm-cache train -m` over three cache ratios (a Hydra sweep directory)."""
     root = tmp_path_factory.mktemp("sweep")
     # data.path relative to where train ran, as `make` runs it: report finds the stats from anywhere
-    res = cli("train", "-m", "embedding=freq_cache", f"embedding.cache_ratio={','.join(map(str, RATIOS))}",
-              f"data.path={processed_synth.name}", f"hydra.sweep.dir={root / 'multirun'}", *SMALL,
-              cwd=processed_synth.parent)
+    res = cli(
+        "train",
+        "-m",
+        "embedding=freq_cache",
+        f"embedding.cache_ratio={','.join(map(str, RATIOS))}",
+        f"data.path={processed_synth.name}",
+        f"hydra.sweep.dir={root / 'multirun'}",
+        *SMALL,
+        cwd=processed_synth.parent,
+    )
     assert res.returncode == 0, res.stderr
     return root / "multirun", res
 
@@ -62,7 +84,10 @@ def host_run(processed_synth: Path, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("host") / "run"
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"data.path={processed_synth}", f"run_dir={run}", *SMALL])
+        cfg = compose(
+            config_name="train",
+            overrides=[f"data.path={processed_synth}", f"run_dir={run}", *SMALL],
+        )
     train(cfg)
     return run
 
@@ -105,7 +130,15 @@ def test_one_run_panels_are_the_runs_records(sweep):
     evals = [r for r in recs if r["kind"] == "eval"]
     summary = json.loads((run_dir / "summary.json").read_text())
     panels = {p.key: p for p in run_panels(run, worst_tables=2)}
-    assert list(panels) == ["loss", "samples_per_s", "val_auc", "val_logloss", "hit_rate", "rows_moved", "waits"]
+    assert list(panels) == [
+        "loss",
+        "samples_per_s",
+        "val_auc",
+        "val_logloss",
+        "hit_rate",
+        "rows_moved",
+        "waits",
+    ]
 
     steps = [3, 6, 9, 12]
     assert [r["step"] for r in train_recs] == steps
@@ -114,12 +147,15 @@ def test_one_run_panels_are_the_runs_records(sweep):
     assert panels["samples_per_s"].lines[0].y == [r["samples_per_s"] for r in train_recs]
     assert panels["val_auc"].lines[0].x == [6, 12] == [r["step"] for r in evals]
     assert panels["val_auc"].lines[0].y == [r["auc"] for r in evals]
-    assert panels["val_auc"].hlines == [(f"planted model (oracle) AUC {summary['oracle_auc']:.4f}",
-                                         summary["oracle_auc"])]
+    assert panels["val_auc"].hlines == [
+        (f"planted model (oracle) AUC {summary['oracle_auc']:.4f}", summary["oracle_auc"])
+    ]
     assert panels["val_logloss"].lines[0].y == [r["logloss"] for r in evals]
     # the two tables with the lowest mean hit rate, recomputed here
-    tables = sorted((k[len("hit_rate/"):] for k in train_recs[0] if k.startswith("hit_rate/")),
-                    key=lambda t: sum(r[f"hit_rate/{t}"] for r in train_recs))[:2]
+    tables = sorted(
+        (k[len("hit_rate/") :] for k in train_recs[0] if k.startswith("hit_rate/")),
+        key=lambda t: sum(r[f"hit_rate/{t}"] for r in train_recs),
+    )[:2]
     hit = panels["hit_rate"].lines
     assert [line.label for line in hit] == ["all tables (lookups)"] + [f"table {t}" for t in tables]
     assert hit[0].y == [r["hit_rate"] for r in train_recs]
@@ -150,7 +186,9 @@ def test_resumed_run_counts_steps_from_its_restart(sweep, tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     rows = {p.key: p for p in run_panels(load_run(run_dir))}["rows_moved"].lines[0]
     assert rows.x == [3, 9]
-    assert rows.y == pytest.approx([train_recs[0]["rows_loaded"] / 3, train_recs[1]["rows_loaded"] / 4])
+    assert rows.y == pytest.approx(
+        [train_recs[0]["rows_loaded"] / 3, train_recs[1]["rows_loaded"] / 4]
+    )
 
 
 def test_sweep_panels_are_the_summaries_and_the_plan(sweep, processed_synth):
@@ -167,9 +205,12 @@ def test_sweep_panels_are_the_summaries_and_the_plan(sweep, processed_synth):
     assert measured.x == predicted.x == RATIOS
     assert measured.y == [x["embedding_hit_rate"] for x in summaries]
     # plan's prediction for the cache each run had: its window sized for 3 batches of 256
-    assert predicted.y == [plan_table(load_counts(processed_synth), [r], 0.5, 2, 256)[0]["hit_rate"] for r in RATIOS]
+    assert predicted.y == [
+        plan_table(load_counts(processed_synth), [r], 0.5, 2, 256)[0]["hit_rate"] for r in RATIOS
+    ]
     assert panels["rows_loaded"].lines[0].y == pytest.approx(
-        [x["embedding_rows_loaded"] / x["steps"] for x in summaries])
+        [x["embedding_rows_loaded"] / x["steps"] for x in summaries]
+    )
     assert panels["hit_rate"].x_percent and panels["hit_rate"].xscale == "log"
 
 
@@ -182,9 +223,16 @@ def test_report_command_writes_pngs_and_markdown(sweep, capsys):
     assert "![runs compared](report.png)" in md
     for i, ratio in enumerate(RATIOS):  # one table row per run, with its own numbers
         s = json.loads((root / str(i) / "summary.json").read_text())
-        assert f"| {root.parent.name}/multirun/{i} | {ratio:g} | 12 | {s['val_auc']:.4f} | {s['val_logloss']:.4f} |" in md
+        assert (
+            f"| {root.parent.name}/multirun/{i} | {ratio:g} | 12 | {s['val_auc']:.4f} | {s['val_logloss']:.4f} |"
+            in md
+        )
     code, out, err = report_cli(capsys, str(root / "1"))
-    assert code == 0 and out.strip() == f"dlrm-cache report: wrote {root / '1' / 'report.png'} and {root / '1' / 'report.md'}"
+    assert (
+        code == 0
+        and out.strip()
+        == f"dlrm-cache report: wrote {root / '1' / 'report.png'} and {root / '1' / 'report.md'}"
+    )
     assert_png(root / "1" / "report.png")
     summary = json.loads((root / "1" / "summary.json").read_text())
     assert f"| val_auc | {summary['val_auc']:.4f} |" in (root / "1" / "report.md").read_text()
@@ -199,17 +247,26 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     s = compare([load_run(sweep[0] / "0"), load_run(host_run)])
     assert not s.numeric and "embedding._target_" in s.keys and s.x == [0, 1]
     assert s.labels == ["FreqCacheBackend\ncache_ratio=0.02", "HostBackend"]
-    assert split_run_dirs([str(host_run), "b", "output=x", "runs=[c]"]) == ([str(host_run), "b"], ["output=x", "runs=[c]"])
-    code, _, err = report_cli(capsys, f"runs=[{sweep[0] / '0'},{host_run}]", f"output={tmp_path / 'cmp2'}")
+    assert split_run_dirs([str(host_run), "b", "output=x", "runs=[c]"]) == (
+        [str(host_run), "b"],
+        ["output=x", "runs=[c]"],
+    )
+    code, _, err = report_cli(
+        capsys, f"runs=[{sweep[0] / '0'},{host_run}]", f"output={tmp_path / 'cmp2'}"
+    )
     assert code == 0, err
-    assert (tmp_path / "cmp2" / "report.md").read_text().replace("cmp2", "cmp") == (out_dir / "report.md").read_text()
+    assert (tmp_path / "cmp2" / "report.md").read_text().replace("cmp2", "cmp") == (
+        out_dir / "report.md"
+    ).read_text()
 
 
 def test_report_cli_positional_run_dir(sweep, tmp_path):
     res = cli("report", str(sweep[0] / "2"), f"output={tmp_path}", cwd=tmp_path)
     assert res.returncode == 0 and res.stderr == "", res.stderr
     assert_png(tmp_path / "report.png")
-    assert not list(tmp_path.glob("*.log")) and not (tmp_path / "outputs").exists()  # nothing but the report
+    assert (
+        not list(tmp_path.glob("*.log")) and not (tmp_path / "outputs").exists()
+    )  # nothing but the report
 
 
 def _bad_runs(tmp_path: Path, sweep_dir: Path) -> dict[str, tuple[list[str], str]]:
@@ -227,7 +284,10 @@ def _bad_runs(tmp_path: Path, sweep_dir: Path) -> dict[str, tuple[list[str], str
     return {
         "not a run": ([str(tmp_path / "nothing")], f"{tmp_path / 'nothing'}: not a run directory"),
         "empty": ([str(empty)], f"{empty / 'metrics.jsonl'}: empty"),
-        "mixed": ([str(sweep_dir / "0"), str(other)], "runs of different datasets cannot be compared"),
+        "mixed": (
+            [str(sweep_dir / "0"), str(other)],
+            "runs of different datasets cannot be compared",
+        ),
         "garbled": ([str(garbled)], f"{garbled / 'metrics.jsonl'}:2: not a JSON record"),
         "no runs": ([], "runs: name at least one run directory"),
     }
@@ -239,33 +299,60 @@ def test_bad_input_is_one_line(case, sweep, tmp_path, capsys):
     code, out, err = report_cli(capsys, *args, f"output={tmp_path / 'out'}")
     assert code == 1
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dlrm-cache report: error: ") and message in lines[0], err
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("dlrm-cache report: error: ")
+        and message in lines[0]
+    ), err
     assert not (tmp_path / "out").exists()
 
 
 def test_plan_figure_draws_the_plan(processed_synth, tmp_path):
     ratios = [0.01, 0.05, 0.2]
-    cfg = OmegaConf.structured(PlanConfig(data_path=str(processed_synth), ratios=ratios, per_table=True,
-                                          embedding_dim=16, figure=str(tmp_path / "plan.png")))
+    cfg = OmegaConf.structured(
+        PlanConfig(
+            data_path=str(processed_synth),
+            ratios=ratios,
+            per_table=True,
+            embedding_dim=16,
+            figure=str(tmp_path / "plan.png"),
+        )
+    )
     rows = plan(cfg)
     assert_png(tmp_path / "plan.png")
     series = plan_series(rows, SparseOptim("rowwise_adagrad").row_bytes(16), 16, per_table=True)
     # the cache plan sizes: its window region for the configured look-ahead and batch included
-    expected = plan_table(load_counts(processed_synth), ratios, cfg.static_fraction, cfg.lookahead, cfg.batch_size)
+    expected = plan_table(
+        load_counts(processed_synth), ratios, cfg.static_fraction, cfg.lookahead, cfg.batch_size
+    )
     assert series["ratio"] == ratios
     assert series["hit_rate"] == [r["hit_rate"] for r in expected]
     assert series["hit_rate_per_table_caches"] == [r["hit_rate_per_table_caches"] for r in expected]
     # rows of 16 floats + one rowwise-Adagrad float
-    assert series["cache_mib"] == pytest.approx([r["cache_rows"] * 17 * 4 / 2**20 for r in expected])
+    assert series["cache_mib"] == pytest.approx(
+        [r["cache_rows"] * 17 * 4 / 2**20 for r in expected]
+    )
     assert series["per_table"]["C3"] == [r["per_table"]["C3"] for r in expected]
     assert len(series["per_table"]) == 26
 
 
 def test_bench_figure_draws_the_table(tmp_path):
-    cfg = OmegaConf.structured(BenchConfig(kind="embedding", num_tables=3, rows_per_table=500, warmup=2, iters=3,
-                                           distinct_batches=4, batch_size=64, embedding_dim=8, device="cpu",
-                                           backends=["host", "hbm", "freq_cache"], cache_ratios=[0.05],
-                                           figure=str(tmp_path / "bench.png")))
+    cfg = OmegaConf.structured(
+        BenchConfig(
+            kind="embedding",
+            num_tables=3,
+            rows_per_table=500,
+            warmup=2,
+            iters=3,
+            distinct_batches=4,
+            batch_size=64,
+            embedding_dim=8,
+            device="cpu",
+            backends=["host", "hbm", "freq_cache"],
+            cache_ratios=[0.05],
+            figure=str(tmp_path / "bench.png"),
+        )
+    )
     results = bench(cfg)
     assert_png(tmp_path / "bench.png")
     s = bench_series(results)
@@ -279,9 +366,17 @@ def test_bench_figure_draws_the_table(tmp_path):
 
 
 def test_commands_do_not_import_the_plotting_module():
-    res = subprocess.run([sys.executable, "-c", "import sys, dlrm_cache.cli, dlrm_cache.train.loop, dlrm_cache.cache_sizing, "
-                          "dlrm_cache.bench.run, dlrm_cache.report; print('dlrm_cache.figures' in sys.modules)"],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, dlrm_cache.cli, dlrm_cache.train.loop, dlrm_cache.cache_sizing, "
+            "dlrm_cache.bench.run, dlrm_cache.report; print('dlrm_cache.figures' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert res.stdout.strip() == "False", res.stderr
 
 
@@ -293,4 +388,7 @@ def test_unfinished_job_of_a_sweep_is_listed_and_left_out(sweep, tmp_path, capsy
     assert s.x == [RATIOS[0], RATIOS[2]] and s.unfinished == [copy / "1"]
     code, _, err = report_cli(capsys, str(copy))
     assert code == 0, err
-    assert f"Not finished (no summary.json), left out: {copy / '1'}" in (copy / "report.md").read_text()
+    assert (
+        f"Not finished (no summary.json), left out: {copy / '1'}"
+        in (copy / "report.md").read_text()
+    )

@@ -20,7 +20,13 @@ import torch.nn.functional as F
 from ..data.loader import Batch
 from ..model.dlrm import DLRM
 
-PHASES = ("embedding forward", "dense forward", "dense backward", "embedding backward+update", "optimizer")
+PHASES = (
+    "embedding forward",
+    "dense forward",
+    "dense backward",
+    "embedding backward+update",
+    "optimizer",
+)
 BETWEEN = "between steps"
 
 
@@ -56,7 +62,9 @@ class PhaseClock:
         if self.cuda:
             self.steps[-1][-1].synchronize()
         n = len(self.steps)
-        out = {p: sum(self._ms(s[i], s[i + 1]) for s in self.steps) / n for i, p in enumerate(PHASES)}
+        out = {
+            p: sum(self._ms(s[i], s[i + 1]) for s in self.steps) / n for i, p in enumerate(PHASES)
+        }
         # from the first step's start to the last one's end, minus the phases: the gaps between steps
         wall = self._ms(self.steps[0][0], self.steps[-1][-1]) / n
         out[BETWEEN] = wall - sum(out.values())

@@ -50,9 +50,7 @@ def loader(cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
         sync(device)
         t0, cpu0 = time.perf_counter(), _cpu_seconds()
         samples, t_first, first = 0, math.nan, 0
-        with Pipeline(
-            stream.batches(epoch), device, depth=cfg.prefetch_batches
-        ) as batches:
+        with Pipeline(stream.batches(epoch), device, depth=cfg.prefetch_batches) as batches:
             for batch in batches:
                 if not samples:
                     sync(device)

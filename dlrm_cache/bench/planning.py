@@ -22,6 +22,10 @@ from .syncs import HostSyncCounter
 def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str, Any]]:
     """kind=planning: the freq_cache's own cost per batch, split by thread.
 
+    ``prefetch`` hands the batch to the cache's planner thread; the time measured here is until
+    the planner has placed it (``settle``) and the device has finished (what one batch's planning
+    and copies cost, off the step's critical path in training).
+
     ``analyze`` (dedup, global rows, the out-of-range flag) runs in the loader thread for a CPU
     cache; a GPU cache does it inside ``prefetch`` on the device.  ``prefetch`` (lookups, eviction,
     row copies) is timed in the training thread up to a device synchronize, so on a GPU it is the
@@ -68,6 +72,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
                     a = emb.analyze(kjt)
                     t1 = time.perf_counter()
                     emb.prefetch(kjt, a)
+                    emb.settle()  # the planner thread placed it (prefetch only posts the batch)
                     sync(device)
                     t2 = time.perf_counter()
                     window.append(kjt)

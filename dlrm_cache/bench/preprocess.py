@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         if r.stages:
             print(f"{r.name}: {r.stages}")
-    best = {}
+    best: dict = {}
     for r in results:
         best[r.name] = max(best.get(r.name, 0.0), r.lines / r.wall)
     if "baseline" in best:

@@ -36,7 +36,12 @@ _ALWAYS = {
     aten.equal.default: "equal",
     aten.is_nonzero.default: "item",
 }
-_INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
+_INDEXING = {
+    aten.index.Tensor,
+    aten.index_put.default,
+    aten.index_put_.default,
+    aten._index_put_impl_.default,
+}
 
 
 def _sync_kind(func, args, kwargs) -> str | None:
@@ -46,7 +51,11 @@ def _sync_kind(func, args, kwargs) -> str | None:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
         if any(i is not None and i.dtype == torch.bool for i in indices):
             return "bool_index"
-    if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None and len(args) < 2:
+    if (
+        func is aten.repeat_interleave.Tensor
+        and kwargs.get("output_size") is None
+        and len(args) < 2
+    ):
         return "repeat_interleave"
     if func is aten.repeat_interleave.self_Tensor and kwargs.get("output_size") is None:
         return "repeat_interleave"

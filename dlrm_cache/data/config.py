@@ -35,22 +35,40 @@ class SynthConfig:
 
     output: str = "data/synth/raw"  # directory of the day_N files (relative to the working dir)
     lines: int = checked(500_000, ge=1)  # total lines over all files (bad lines included)
-    files: int = checked(1, ge=1)  # number of day_N files; lines are split evenly, earlier files get the remainder
+    files: int = checked(
+        1, ge=1
+    )  # number of day_N files; lines are split evenly, earlier files get the remainder
     seed: int = checked(0, ge=0)  # same seed and settings -> byte-identical files
     # A preset name ("kaggle": Criteo Kaggle's 26 tables) or an explicit list of 26 ints.
     cardinalities: Any = "kaggle"
-    cardinality_scale: float = checked(0.01, gt=0)  # preset only: table size = min(c, max(min_cardinality, ceil(c * scale)))
-    min_cardinality: int = checked(16, ge=1)  # preset only: floor for scaled tables (never above the preset's size)
-    zipf_alpha: float = checked(1.1, ge=0)  # popularity of the r-th most popular id is proportional to (r + 1) ** -alpha
+    cardinality_scale: float = checked(
+        0.01, gt=0
+    )  # preset only: table size = min(c, max(min_cardinality, ceil(c * scale)))
+    min_cardinality: int = checked(
+        16, ge=1
+    )  # preset only: floor for scaled tables (never above the preset's size)
+    zipf_alpha: float = checked(
+        1.1, ge=0
+    )  # popularity of the r-th most popular id is proportional to (r + 1) ** -alpha
     missing_rate: float = checked(0.03, ge=0, le=1)  # probability that a categorical field is empty
-    dense_missing_rate: float = checked(0.1, ge=0, le=1)  # probability that an integer field is empty
-    bad_line_rate: float = checked(0.0, ge=0, lt=1)  # fraction of lines replaced by deliberately malformed ones
+    dense_missing_rate: float = checked(
+        0.1, ge=0, le=1
+    )  # probability that an integer field is empty
+    bad_line_rate: float = checked(
+        0.0, ge=0, lt=1
+    )  # fraction of lines replaced by deliberately malformed ones
     # Planted model: logit = bias + dense part + per-id effects + pairwise (FM) id interactions.
-    positive_rate: float = checked(0.25, gt=0, lt=1)  # the bias is calibrated so the mean click probability is about this
+    positive_rate: float = checked(
+        0.25, gt=0, lt=1
+    )  # the bias is calibrated so the mean click probability is about this
     dense_scale: float = checked(0.6, ge=0)  # std of the dense part of the logit
-    id_effect_scale: float = checked(1.5, ge=0)  # std of the summed per-id effects (over the 26 features)
+    id_effect_scale: float = checked(
+        1.5, ge=0
+    )  # std of the summed per-id effects (over the 26 features)
     interaction_scale: float = checked(0.5, ge=0)  # std of the pairwise interaction part
-    logit_noise: float = checked(0.0, ge=0)  # std of per-line logit noise the features cannot explain
+    logit_noise: float = checked(
+        0.0, ge=0
+    )  # std of per-line logit noise the features cannot explain
     gzip: bool = False  # write day_N.gz instead of plain text
     force: bool = False  # regenerate even if `output` already holds these exact files
     progress: bool = True  # tqdm progress bar
@@ -68,21 +86,34 @@ class PreprocessConfig:
     # split=fraction: the first floor(total * train_fraction) lines are train, the rest is halved
     # (val gets the smaller half) into val and test.
     train_fraction: float = checked(6 / 7, gt=0, le=1)
-    total_lines: int = checked(0, ge=0)  # split=fraction: total lines if known (skips the counting pass); 0 = count
+    total_lines: int = checked(
+        0, ge=0
+    )  # split=fraction: total lines if known (skips the counting pass); 0 = count
     # split=day: file names (relative to `input`) or paths.  All empty: every file but the last is
     # train and the last is halved into val then test.  A file listed in both val_files and
     # test_files is halved likewise.
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
     test_files: list[str] = field(default_factory=list)
-    min_count: int = checked(1, ge=1)  # training ids seen fewer times share the rare row (the last row)
-    hash_modulus: int = checked(0, ge=0)  # >0: id := id mod m before counting (the empty value stays MISSING_ID)
+    min_count: int = checked(
+        1, ge=1
+    )  # training ids seen fewer times share the rare row (the last row)
+    hash_modulus: int = checked(
+        0, ge=0
+    )  # >0: id := id mod m before counting (the empty value stays MISSING_ID)
     bad_lines: BadLines = BadLines.skip
-    bad_line_reports: int = checked(10, ge=0)  # skip: how many bad lines to print as file:line: reason
+    bad_line_reports: int = checked(
+        10, ge=0
+    )  # skip: how many bad lines to print as file:line: reason
     rows_per_shard: int = checked(250_000, ge=1)
-    chunk_bytes: int = checked(32 << 20, ge=1)  # raw bytes parsed at a time per worker (memory ~ 10x this)
-    workers: int = checked(0, ge=0)  # processes per machine (0: the cores this process may use); same output for any
-    cache_mb: int = checked(1024, ge=0)  # unused: every line is parsed once, pass 2 reads pass 1's columns
+    chunk_bytes: int = checked(
+        32 << 20, ge=1
+    )  # raw bytes parsed at a time per worker (memory ~ 10x this)
+    workers: int = checked(
+        0, ge=0
+    )  # processes per machine (0: the cores this process may use); same output for any
+    cache_mb: int = checked(
+        1024, ge=0
+    )  # unused: every line is parsed once, pass 2 reads pass 1's columns
     overwrite: bool = False  # rebuild even if `output` already holds a dataset
     progress: bool = True  # tqdm progress bars
-

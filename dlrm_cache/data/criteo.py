@@ -61,7 +61,9 @@ BAD_HEX = "categorical not 1-8 hex digits"
 # Bump when what a line parses to, or whether it is accepted, changes: datasets built under
 # another version are not reused.  2: acceptance no longer depends on the other lines of a block.
 LINE_POLICY_VERSION = 2
-MAX_LINE_BYTES = 64 << 10  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
+MAX_LINE_BYTES = (
+    64 << 10
+)  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
 # Criteo 1TB's file names: day_0 ... day_23, plain or gzip (read in numeric order).
 DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -141,7 +143,11 @@ def open_raw(path: str | Path) -> tuple[BinaryIO, BinaryIO]:
 
 
 def iter_blocks(
-    path: str | Path, chunk_bytes: int, stop_line: int | None = None, start: int = 0, start_line: int = 0
+    path: str | Path,
+    chunk_bytes: int,
+    stop_line: int | None = None,
+    start: int = 0,
+    start_line: int = 0,
 ) -> Iterator[Block]:
     """Yield blocks of whole lines (``chunk_bytes`` plus the rest of the last line) until EOF or
     ``stop_line``, from text offset ``start`` (a block's ``end``, whose first line is ``start_line``).
@@ -154,7 +160,9 @@ def iter_blocks(
     try:
         with raw, reader:
             if start:
-                reader.seek(start)  # gzip: decompresses up to there, still much cheaper than parsing
+                reader.seek(
+                    start
+                )  # gzip: decompresses up to there, still much cheaper than parsing
             line, pos = start_line, start
             while stop_line is None or line < stop_line:
                 data = reader.read(chunk_bytes)
@@ -162,10 +170,14 @@ def iter_blocks(
                     break
                 consumed = len(data)
                 if not data.endswith(b"\n"):
-                    rest, n = _rest_of_line(reader)  # complete the last line (one copy, not a carry)
+                    rest, n = _rest_of_line(
+                        reader
+                    )  # complete the last line (one copy, not a carry)
                     data += rest
                     consumed += n
-                n = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without newline counts
+                n = data.count(b"\n") + (
+                    not data.endswith(b"\n")
+                )  # a last line without newline counts
                 pos += consumed
                 yield Block(data, line, n, pos, raw.tell())
                 line += n
@@ -250,7 +262,9 @@ def _read_table(data: bytes, typed: bool) -> pa.Table:
     return pacsv.read_csv(
         pa.BufferReader(data),
         read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=4 << 20),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False),
+        parse_options=pacsv.ParseOptions(
+            delimiter="\t", quote_char=False, ignore_empty_lines=False
+        ),
         convert_options=pacsv.ConvertOptions(
             column_types=types,
             null_values=[""],
@@ -298,8 +312,10 @@ def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
     lines = np.flatnonzero(blank)
     reasons = [BAD_LONG if too_long[k] else BAD_FIELDS for k in lines]
     details = [
-        f"more than {MAX_LINE_BYTES} bytes" if too_long[k]
-        else "empty line" if length[k] == 0
+        f"more than {MAX_LINE_BYTES} bytes"
+        if too_long[k]
+        else "empty line"
+        if length[k] == 0
         else f"{fields[k]} fields, expected {NUM_FIELDS}"
         for k in lines
     ]
@@ -312,9 +328,13 @@ def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
 
 def _binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A binary column's raw buffers without copies: (offsets [n+1], data bytes, lengths [n])."""
-    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1, offset=4 * col.offset)
+    offsets = np.frombuffer(
+        col.buffers()[1], dtype=np.int32, count=len(col) + 1, offset=4 * col.offset
+    )
     data_buf = col.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    )
     return offsets, data, np.diff(offsets)
 
 
@@ -325,14 +345,18 @@ def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     ids = np.full(n, MISSING_ID, dtype=np.int64)
     bad = lens > 8
     present = (lens > 0) & ~bad
-    if np.count_nonzero(lens == 8) == np.count_nonzero(lens):  # usual: all present values have 8 digits
+    if np.count_nonzero(lens == 8) == np.count_nonzero(
+        lens
+    ):  # usual: all present values have 8 digits
         digits = data[offsets[0] : offsets[-1]].reshape(-1, 8)
     else:  # left-pad shorter values with '0' through a gather
         sel = np.flatnonzero(present)
         col_idx = np.arange(8)
         pad = 8 - lens[sel][:, None]
         src = offsets[sel][:, None] + col_idx - pad
-        digits = np.where(col_idx >= pad, data[np.clip(src, 0, max(len(data) - 1, 0))], ord("0")).astype(np.uint8)
+        digits = np.where(
+            col_idx >= pad, data[np.clip(src, 0, max(len(data) - 1, 0))], ord("0")
+        ).astype(np.uint8)
     pairs = _HEX_PAIR_LUT[np.ascontiguousarray(digits).view(np.uint16)]  # (m, 4) byte values
     ok = (pairs.view(np.uint64).ravel() & np.uint64(0xFF00FF00FF00FF00)) == 0  # no 256 marker
     values = pairs.astype(np.uint8).view(">u4").ravel().astype(np.int64)  # most significant first
@@ -350,7 +374,9 @@ def _int_ok(col: pa.Array) -> np.ndarray:
     n = len(col)
     offsets, data, lens = _binary_buffers(col)
     first = offsets[0]
-    not_digit = np.concatenate(([0], np.cumsum(_NOT_DIGIT[data[first : offsets[-1]]], dtype=np.int64)))
+    not_digit = np.concatenate(
+        ([0], np.cumsum(_NOT_DIGIT[data[first : offsets[-1]]], dtype=np.int64))
+    )
     non_digits = not_digit[offsets[1:] - first] - not_digit[offsets[:-1] - first]  # per value
     minus = np.zeros(n, dtype=bool)
     present = lens > 0
@@ -389,8 +415,12 @@ def _dense_columns(table: pa.Table, typed: bool) -> tuple[np.ndarray, np.ndarray
 def _label_column(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(float32 labels, bad mask): exactly the bytes "0" or "1"."""
     col = table.column(LABEL).combine_chunks()
-    one = pc.fill_null(pc.equal(col, pa.scalar(b"1", pa.binary())), False).to_numpy(zero_copy_only=False)
-    zero = pc.fill_null(pc.equal(col, pa.scalar(b"0", pa.binary())), False).to_numpy(zero_copy_only=False)
+    one = pc.fill_null(pc.equal(col, pa.scalar(b"1", pa.binary())), False).to_numpy(
+        zero_copy_only=False
+    )
+    zero = pc.fill_null(pc.equal(col, pa.scalar(b"0", pa.binary())), False).to_numpy(
+        zero_copy_only=False
+    )
     return one.astype(np.float32), ~(one | zero)
 
 
@@ -400,7 +430,10 @@ def _field_text(table: pa.Table, name: str, row: int) -> str:
 
 
 def parse_block(
-    data: bytes, first_line: int = 0, num_lines: int | None = None, at_file_start: bool | None = None
+    data: bytes,
+    first_line: int = 0,
+    num_lines: int | None = None,
+    at_file_start: bool | None = None,
 ) -> Parsed:
     """Parse one block of whole lines; ``first_line`` is the line index of its first line (in the
     file, or in whatever the caller counts from); ``at_file_start``: the block starts the file
@@ -420,7 +453,9 @@ def parse_block(
             try:
                 table = _read_table(data, typed)
                 break
-            except pa.ArrowInvalid:  # an integer pyarrow cannot convert, or a line of the wrong shape
+            except (
+                pa.ArrowInvalid
+            ):  # an integer pyarrow cannot convert, or a line of the wrong shape
                 continue
     shape = _Shape(np.empty(0, np.int64), [], [])
     # An empty line is an all-null row: only a null label makes the layout worth computing.
@@ -483,7 +518,9 @@ def _bad_field(table: pa.Table, reason: str, row: int) -> str:
     return ""
 
 
-def read_file(path: str | Path, chunk_bytes: int, stop_line: int | None = None) -> Iterator[tuple[Block, Parsed]]:
+def read_file(
+    path: str | Path, chunk_bytes: int, stop_line: int | None = None
+) -> Iterator[tuple[Block, Parsed]]:
     """Parse a raw file block by block (bounded memory); see :func:`iter_blocks`."""
     for block in iter_blocks(path, chunk_bytes, stop_line):
         yield block, parse_block(block.data, block.first_line, block.num_lines)

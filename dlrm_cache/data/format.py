@@ -54,8 +54,32 @@ PARQUET_WRITE: dict[str, Any] = {"write_page_checksum": True}
 
 # Per-feature distinct values of Criteo Kaggle, as used by DLRM (../shared/criteo/README.md).
 KAGGLE_CARDINALITIES = [
-    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
 ]
 
 
@@ -95,8 +119,13 @@ class Manifest:
         try:
             raw = json.loads(path.read_text())
             version = raw.get("schema_version")
-        except (ValueError, AttributeError) as e:  # not JSON (UnicodeDecodeError is a ValueError), or not an object
-            raise ValueError(f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again") from None
+        except (
+            ValueError,
+            AttributeError,
+        ) as e:  # not JSON (UnicodeDecodeError is a ValueError), or not an object
+            raise ValueError(
+                f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again"
+            ) from None
         if version != SCHEMA_VERSION:
             raise ValueError(
                 f"{path}: schema_version {version} but this dlrm-cache reads "
@@ -106,18 +135,24 @@ class Manifest:
             raw["splits"] = {k: SplitInfo(**v) for k, v in raw["splits"].items()}
             manifest = cls(**raw)
         except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again") from None
+            raise ValueError(
+                f"{path}: not a dataset manifest ({one_line(e)}); preprocess the data again"
+            ) from None
         problem = manifest.problem()
         if problem is not None:
-            raise ValueError(f"{path}: not a dataset manifest ({problem}); preprocess the data again")
+            raise ValueError(
+                f"{path}: not a dataset manifest ({problem}); preprocess the data again"
+            )
         return manifest
 
     def problem(self) -> str | None:
         """What is wrong with the fields' types and ranges, or None.  Every shard is a relative
         path inside the dataset directory (a manifest names only its own files)."""
+
         def counts(v: Any, least: int = 0) -> bool:
-            return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= least
-                                               for x in v)
+            return isinstance(v, list) and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= least for x in v
+            )
 
         def names(v: Any) -> bool:
             return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
@@ -136,12 +171,19 @@ class Manifest:
         if not isinstance(self.splits, dict) or "train" not in self.splits:
             return "splits must hold a train split"
         for split, info in self.splits.items():
-            if not (names(info.shards) and counts(info.shard_rows) and counts([info.rows])
-                    and len(info.shards) == len(info.shard_rows) and sum(info.shard_rows) == info.rows):
+            if not (
+                names(info.shards)
+                and counts(info.shard_rows)
+                and counts([info.rows])
+                and len(info.shards) == len(info.shard_rows)
+                and sum(info.shard_rows) == info.rows
+            ):
                 return f"splits.{split}: rows, shards and shard_rows do not agree"
             for rel in info.shards:
                 if Path(rel).is_absolute() or ".." in Path(rel).parts:
-                    return f"splits.{split}: shard {rel!r} is not a path inside the dataset directory"
+                    return (
+                        f"splits.{split}: shard {rel!r} is not a path inside the dataset directory"
+                    )
         return None
 
     def identity(self) -> dict[str, Any]:
@@ -149,7 +191,9 @@ class Manifest:
         lies do not): a run resumes only on the dataset its checkpoint was trained on."""
         return {
             "table_sizes": self.table_sizes,
-            "splits": {k: {"rows": v.rows, "shard_rows": v.shard_rows} for k, v in self.splits.items()},
+            "splits": {
+                k: {"rows": v.rows, "shard_rows": v.shard_rows} for k, v in self.splits.items()
+            },
             "stats_digest": self.stats_digest,
             "min_count": self.min_count,
             "hash_modulus": self.hash_modulus,
@@ -174,17 +218,23 @@ class Manifest:
                 try:
                     meta = pq.read_metadata(path)
                 except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
-                    raise ValueError(f"{path}: unreadable shard ({one_line(e)}); preprocess the data again") from None
+                    raise ValueError(
+                        f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
+                    ) from None
                 missing = columns - set(meta.schema.names)
                 if meta.num_rows != rows or missing:
-                    found = f"{meta.num_rows} rows" if not missing else f"no column {sorted(missing)[0]}"
+                    found = (
+                        f"{meta.num_rows} rows"
+                        if not missing
+                        else f"no column {sorted(missing)[0]}"
+                    )
                     raise ValueError(
                         f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
                         f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
                     )
 
 
-def write_parquet(table: "pa.Table", path: str | os.PathLike, **options: Any) -> None:
+def write_parquet(table: pa.Table, path: str | os.PathLike, **options: Any) -> None:
     """``pq.write_table`` with :data:`PARQUET_WRITE` (page checksums); ``options``: compression,
     row groups, ... (the caller writes to a temporary name and renames it)."""
     import pyarrow.parquet as pq
@@ -196,7 +246,7 @@ class DataError(ValueError):
     """A dataset file that is damaged or not what the manifest says: the message names it."""
 
 
-def open_parquet(path: str | os.PathLike) -> "pq.ParquetFile":
+def open_parquet(path: str | os.PathLike) -> pq.ParquetFile:
     """A parquet file whose pages are checked against their CRC32 as they are read.  Errors, here
     and in the reads of the returned file, are turned into :class:`DataError` by :func:`read_errors`."""
     import pyarrow.parquet as pq
@@ -205,7 +255,7 @@ def open_parquet(path: str | os.PathLike) -> "pq.ParquetFile":
         return pq.ParquetFile(path, page_checksum_verification=True)
 
 
-def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> "pa.Table":
+def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
     """The whole file (or ``columns``), every page verified; damage is a :class:`DataError`."""
     with read_errors(path):
         return open_parquet(path).read(columns=columns)
@@ -228,8 +278,10 @@ def read_errors(path: str | os.PathLike) -> Iterator[None]:
     except DataError:
         raise
     except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError
-        raise DataError(f"{path}: damaged or not a parquet file ({one_line(e)[:200]}); "
-                        "preprocess the data again (`dlrm-cache verify` checks a whole dataset)") from None
+        raise DataError(
+            f"{path}: damaged or not a parquet file ({one_line(e)[:200]}); "
+            "preprocess the data again (`dlrm-cache verify` checks a whole dataset)"
+        ) from None
 
 
 def write_shard(table: Any, path: str | os.PathLike) -> None:
@@ -238,7 +290,9 @@ def write_shard(table: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     # lz4 without dictionary pages: ~3x faster to write than the defaults, ~30% larger.
-    write_parquet(table, tmp, row_group_size=table.num_rows, compression="lz4", use_dictionary=False)
+    write_parquet(
+        table, tmp, row_group_size=table.num_rows, compression="lz4", use_dictionary=False
+    )
     os.replace(tmp, path)
 
 
@@ -274,7 +328,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
-def to_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+def to_json(
+    obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None
+) -> str:
     """JSON any parser reads (Python's ``json`` writes a bare ``NaN`` otherwise): a non-finite
     float (the AUC of no samples, a rate over no time, a diverged loss) is written as ``null``."""
 

@@ -38,7 +38,6 @@ from ..parallel.owned import OwnedShards, rank_rows
 from ..parallel.placement import Shard
 from .format import LABEL, Manifest, open_parquet, read_errors
 
-
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
 
@@ -46,7 +45,9 @@ READ_AHEAD = 2
 class SparseLayout(Protocol):
     """How a batch's KeyedJaggedTensor is built (by the loader) and moved to a device."""
 
-    def sparse_to(self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False) -> KeyedJaggedTensor:
+    def sparse_to(
+        self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False
+    ) -> KeyedJaggedTensor:
         """``kjt`` on ``device``, copied asynchronously from pinned memory (``copy``: even where it
         already is on ``device``)."""
         ...
@@ -96,7 +97,9 @@ class OneIdPerSample:
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = list(keys)
-        self._layouts: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._layouts: dict[
+            tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]
+        ] = {}
 
     def kjt(self, ids: torch.Tensor) -> KeyedJaggedTensor:
         """``ids`` [features, b] (feature-major, contiguous) as a KJT on their own device."""
@@ -123,14 +126,15 @@ class OneIdPerSample:
     def batch(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> Batch:
         return Batch(dense, self.kjt(ids), labels, layout=self)
 
-    def sparse_to(self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False) -> KeyedJaggedTensor:
+    def sparse_to(
+        self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False
+    ) -> KeyedJaggedTensor:
         """Only the ids travel (asynchronously): the lengths and offsets of that batch size
         already live on ``device``."""
         if kjt.values().device == device and not copy:
             return kjt
         ids = kjt.values().view(len(self.keys), kjt.stride())
         return self.kjt(ids.to(device, non_blocking=True, copy=copy))
-
 
 
 @dataclass
@@ -171,7 +175,9 @@ class ShardStream:
         (parallel/placement.py): a batch's ids are then those shards' ids over the whole global batch
         (:class:`OwnedShards`); ``None``: every feature's ids of this rank's rows."""
         if split not in manifest.splits:
-            raise ValueError(f"{root}: the dataset has no '{split}' split (has {sorted(manifest.splits)})")
+            raise ValueError(
+                f"{root}: the dataset has no '{split}' split (has {sorted(manifest.splits)})"
+            )
         # Training batches split exactly (every rank the same size, so the global batch is the
         # same for any rank count); evaluation batches may split unevenly.
         if batch_size <= 0 or (drop_last and batch_size % world_size):
@@ -194,7 +200,9 @@ class ShardStream:
         self.one_id = OneIdPerSample(self.keys)
         self.owned = None if shards is None else OwnedShards(self.keys, shards)
         self.layout: SparseLayout = self.one_id if self.owned is None else self.owned
-        self.id_dtype = torch.int32 if max(self.table_sizes) <= np.iinfo(np.int32).max else torch.int64
+        self.id_dtype = (
+            torch.int32 if max(self.table_sizes) <= np.iinfo(np.int32).max else torch.int64
+        )
 
     def __len__(self) -> int:
         """Global batches per epoch."""
@@ -212,13 +220,17 @@ class ShardStream:
         row ``skip`` on."""
         path = self.root / self.info.shards[idx]
         shard = open_parquet(path)  # every page checked against its CRC as it is read
-        missing = [c for c in (LABEL, *self.dense_names, *self.keys) if c not in shard.schema_arrow.names]
+        missing = [
+            c for c in (LABEL, *self.dense_names, *self.keys) if c not in shard.schema_arrow.names
+        ]
         if missing:
             raise ValueError(f"{path}: missing column '{missing[0]}'; preprocess the data again")
         with read_errors(path):
             table = shard.read()  # one chunk per column: to_numpy() below copies nothing
         n = table.num_rows
-        perm = np.random.default_rng([self.seed, epoch, idx]).permutation(n) if self.shuffle else None
+        perm = (
+            np.random.default_rng([self.seed, epoch, idx]).permutation(n) if self.shuffle else None
+        )
 
         def gather(names: list[str], dtype: np.dtype) -> np.ndarray:
             out = np.empty((len(names), n), dtype)
@@ -227,7 +239,9 @@ class ShardStream:
                 if perm is None:
                     out[j] = col
                 else:
-                    np.take(col, perm, out=out[j])  # a whole column stays in cache; per batch it would not
+                    np.take(
+                        col, perm, out=out[j]
+                    )  # a whole column stays in cache; per batch it would not
             return out
 
         self._check_id_values(table, path)
@@ -247,8 +261,10 @@ class ShardStream:
             low, high = low.as_py(), high.as_py()
             if low is None or low < 0 or high >= self.table_sizes[j]:
                 bad = low if low is None or low < 0 else high
-                raise ValueError(f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
-                                 f"(id {bad}: shard and manifest do not match; preprocess again)")
+                raise ValueError(
+                    f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
+                    f"(id {bad}: shard and manifest do not match; preprocess again)"
+                )
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """This rank's part of global batches ``start, start+1, ...`` of ``epoch``.
@@ -278,7 +294,9 @@ class ShardStream:
                     idx, skip = todo.popleft()
                     ahead.append(pool.submit(self._load, idx, epoch, skip))
 
-            read_ahead(1)  # the first batch waits for one shard, not for READ_AHEAD sharing the cores
+            read_ahead(
+                1
+            )  # the first batch waits for one shard, not for READ_AHEAD sharing the cores
             while ahead:
                 parts.append(ahead.popleft().result())
                 read_ahead(READ_AHEAD)
@@ -321,7 +339,9 @@ class ShardStream:
         return self.one_id.batch(dense, ids, labels)
 
 
-def _sourced(local: Callable[[list[_Columns], int], Batch], pieces: list[_Columns], n: int) -> Batch:
+def _sourced(
+    local: Callable[[list[_Columns], int], Batch], pieces: list[_Columns], n: int
+) -> Batch:
     """``local(pieces, n)`` with the shards of the whole global batch attached."""
     batch = local(pieces, n)
     batch.source = tuple(dict.fromkeys(p.shard for p in pieces))

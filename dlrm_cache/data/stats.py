@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .format import MANIFEST, SPARSE_NAMES, Manifest, one_line, read_parquet, sha256_file, write_parquet
+from .format import (
+    MANIFEST,
+    SPARSE_NAMES,
+    Manifest,
+    one_line,
+    read_parquet,
+    sha256_file,
+    write_parquet,
+)
 
 COUNTS = "stats/counts.parquet"
 SUMMARY = "stats/summary.json"
@@ -123,7 +131,9 @@ def summarize(features: dict[str, FeatureStats]) -> dict:
     out["total"] = {
         "table_size": sum(f.table_size for f in features.values()),
         "accesses": total_all,
-        "coverage": {f"{p:g}%": covered_all[p] / total_all if total_all else 0.0 for p in COVERAGE_PCTS},
+        "coverage": {
+            f"{p:g}%": covered_all[p] / total_all if total_all else 0.0 for p in COVERAGE_PCTS
+        },
     }
     return out
 
@@ -131,22 +141,30 @@ def summarize(features: dict[str, FeatureStats]) -> dict:
 def format_summary(summary: dict) -> str:
     """A small fixed-width table of the summary."""
     pcts = [f"{p:g}%" for p in summary["coverage_pcts"]]
-    head = f"{'feature':>7} {'rows':>10} {'rare ids':>9} " + " ".join(f"{'top ' + p:>9}" for p in pcts)
+    head = f"{'feature':>7} {'rows':>10} {'rare ids':>9} " + " ".join(
+        f"{'top ' + p:>9}" for p in pcts
+    )
     lines = [head]
     rows = list(summary["features"].items()) + [("all", summary["total"])]
     for name, f in rows:
         cov = " ".join(f"{f['coverage'][p]:>9.3f}" for p in pcts)
-        rare = f.get("rare_ids_folded", sum(x["rare_ids_folded"] for x in summary["features"].values()))
+        rare = f.get(
+            "rare_ids_folded", sum(x["rare_ids_folded"] for x in summary["features"].values())
+        )
         lines.append(f"{name:>7} {f['table_size']:>10} {rare:>9} {cov}")
     return "\n".join(lines)
 
 
 def write_counts(path: Path, features: dict[str, FeatureStats]) -> None:
     """stats/counts.parquet: feature, id, count; features in C1..C26 order, rows in rank order."""
-    names = np.concatenate([np.full(len(fs.ids), i, np.int32) for i, fs in enumerate(features.values())])
+    names = np.concatenate(
+        [np.full(len(fs.ids), i, np.int32) for i, fs in enumerate(features.values())]
+    )
     table = pa.table(
         {
-            "feature": pa.DictionaryArray.from_arrays(pa.array(names), pa.array(list(features))).cast(pa.string()),
+            "feature": pa.DictionaryArray.from_arrays(
+                pa.array(names), pa.array(list(features))
+            ).cast(pa.string()),
             "id": pa.array(np.concatenate([fs.ids for fs in features.values()]), pa.int64()),
             "count": pa.array(np.concatenate([fs.counts for fs in features.values()]), pa.int64()),
         }
@@ -165,12 +183,16 @@ def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     d = Path(dataset_dir)
     manifest = Manifest.load(d)
     if sha256_file(d / COUNTS) != manifest.stats_digest:
-        raise ValueError(f"{d / COUNTS}: not the statistics {d / MANIFEST} was built with (its sha256 is not the "
-                         "manifest's stats_digest); preprocess the data again")
+        raise ValueError(
+            f"{d / COUNTS}: not the statistics {d / MANIFEST} was built with (its sha256 is not the "
+            "manifest's stats_digest); preprocess the data again"
+        )
     try:
         summary = json.loads((d / SUMMARY).read_text())["features"]
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{d / SUMMARY}: not a statistics summary ({one_line(e)}); preprocess the data again") from None
+        raise ValueError(
+            f"{d / SUMMARY}: not a statistics summary ({one_line(e)}); preprocess the data again"
+        ) from None
     counts = read_parquet(d / COUNTS, columns=["count"]).column("count").to_numpy()
     # Features are stored in C1..C26 order with table_size - 1 kept ids each: slice, don't search.
     sizes = [summary[name]["table_size"] - 1 for name in SPARSE_NAMES]
@@ -178,6 +200,8 @@ def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
         raise ValueError(f"{d / COUNTS}: {len(counts)} rows but {SUMMARY} says {sum(sizes)}")
     bounds = np.cumsum([0, *sizes])
     return {
-        name: np.append(counts[bounds[j] : bounds[j + 1]], summary[name]["rare_count"]).astype(np.int64)
+        name: np.append(counts[bounds[j] : bounds[j + 1]], summary[name]["rare_count"]).astype(
+            np.int64
+        )
         for j, name in enumerate(SPARSE_NAMES)
     }

@@ -41,9 +41,8 @@ from tqdm import tqdm
 
 from ..config import config_dict
 from ..threads import Prefetcher
-from .criteo import DAY_FILE, day_file_name
 from .config import SynthConfig
-from .reuse import compare, remove_stale
+from .criteo import DAY_FILE, day_file_name
 from .format import (
     DENSE_NAMES,
     KAGGLE_CARDINALITIES,
@@ -54,6 +53,7 @@ from .format import (
     atomic_file,
     atomic_write_text,
 )
+from .reuse import compare, remove_stale
 
 ORACLE = "oracle.json"
 CHUNK_LINES = 1 << 17  # fixed (not a setting): the output bytes depend on it
@@ -69,7 +69,9 @@ def table_sizes(cfg: Any) -> list[int]:
     card = cfg.cardinalities
     if isinstance(card, str):
         if card != "kaggle":
-            raise ValueError(f"cardinalities={card!r}: the only preset is 'kaggle' (or give 26 ints)")
+            raise ValueError(
+                f"cardinalities={card!r}: the only preset is 'kaggle' (or give 26 ints)"
+            )
         return [
             min(c, max(int(cfg.min_cardinality), math.ceil(c * float(cfg.cardinality_scale))))
             for c in KAGGLE_CARDINALITIES
@@ -113,7 +115,9 @@ def _hex_strings(values: np.ndarray) -> pa.Array:
     nibbles = (values.astype(np.uint64)[:, None] >> shifts) & np.uint64(15)
     data = digits[nibbles.astype(np.intp)].tobytes()
     offsets = np.arange(len(values) + 1, dtype=np.int32) * 8
-    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.Array.from_buffers(
+        pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
 def _build_model(cfg: Any, sizes: list[int]) -> PlantedModel:
@@ -177,11 +181,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _sample(model: PlantedModel, cfg: Any, rng: np.random.Generator, n: int, with_bias: bool = True) -> Chunk:
+def _sample(
+    model: PlantedModel, cfg: Any, rng: np.random.Generator, n: int, with_bias: bool = True
+) -> Chunk:
     """Draw ``n`` examples: features, noise-free logit and labels."""
     dense_missing = rng.random((n, NUM_DENSE)) < float(cfg.dense_missing_rate)
     z = rng.standard_normal((n, NUM_DENSE))
-    dense = np.floor(np.exp(model.dense_mu + model.dense_sigma * z)).astype(np.int64) - 1 - model.dense_shift
+    dense = (
+        np.floor(np.exp(model.dense_mu + model.dense_sigma * z)).astype(np.int64)
+        - 1
+        - model.dense_shift
+    )
     feats = (_dense_features(model, dense, dense_missing) - model.dense_mean) / model.dense_std
     score = feats @ model.dense_w + (model.bias if with_bias else 0.0)
 
@@ -262,20 +272,30 @@ def _up_to_date(out: Path, settings: dict[str, Any]) -> bool:
     if not compare(out / ORACLE, settings, key="settings").matches:
         return False
     files = json.loads((out / ORACLE).read_text())["files"]
-    return all((out / f["name"]).is_file() and (out / f["name"]).stat().st_size == f["bytes"] for f in files)
+    return all(
+        (out / f["name"]).is_file() and (out / f["name"]).stat().st_size == f["bytes"]
+        for f in files
+    )
 
 
 def _remove_stale(out: Path, keep: set[str]) -> None:
     """Drop day_N files of an earlier run with other settings, so readers never pick them up."""
-    remove_stale(out, lambda p: (bool(DAY_FILE.match(p.name)) and p.name not in keep)
-                 or (p.name.startswith(".day_") and p.name.endswith(".tmp")))
+    remove_stale(
+        out,
+        lambda p: (
+            (bool(DAY_FILE.match(p.name)) and p.name not in keep)
+            or (p.name.startswith(".day_") and p.name.endswith(".tmp"))
+        ),
+    )
 
 
 def _auroc(score: np.ndarray, label: np.ndarray) -> float:
     import torch
     from torchmetrics.functional import auroc
 
-    return float(auroc(torch.from_numpy(score), torch.from_numpy(label.astype(np.int64)), task="binary"))
+    return float(
+        auroc(torch.from_numpy(score), torch.from_numpy(label.astype(np.int64)), task="binary")
+    )
 
 
 def _make_chunk(model: PlantedModel, cfg: Any, seed: int, file_i: int, chunk_i: int, n: int):
@@ -320,12 +340,16 @@ def synth(cfg: SynthConfig | Any) -> Path:
     scores: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     files, bad_total = [], 0
-    bar = tqdm(total=int(cfg.lines), unit="line", unit_scale=True, desc="synth", disable=not cfg.progress)
+    bar = tqdm(
+        total=int(cfg.lines), unit="line", unit_scale=True, desc="synth", disable=not cfg.progress
+    )
     for i, (name, n_lines) in enumerate(zip(names, _file_lines(int(cfg.lines), int(cfg.files)))):
         starts = range(0, n_lines, CHUNK_LINES)
         jobs = [(int(cfg.seed), i, c, min(CHUNK_LINES, n_lines - s)) for c, s in enumerate(starts)]
         # Two worker threads (numpy and pyarrow release the GIL): about 2x on 2 cores.
-        chunks = Prefetcher(iter(jobs), depth=2, transform=lambda job: _make_chunk(model, cfg, *job), workers=2)
+        chunks = Prefetcher(
+            iter(jobs), depth=2, transform=lambda job: _make_chunk(model, cfg, *job), workers=2
+        )
         try:
             with _atomic_output(out / name, gz) as f:
                 for text, score, label, n_bad in chunks:

@@ -153,7 +153,7 @@ class EmbeddingBackend(nn.Module):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
         expected = self.state_keys()
-        mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        mine = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
         missing_keys.extend(prefix + k for k in expected if k not in mine)
         unexpected_keys.extend(prefix + k for k in mine if k not in expected and "." in k)
         if all(k in mine for k in expected):
@@ -180,11 +180,15 @@ def shared_dim(tables: list[TableSpec], backend: str) -> int:
     """The one embedding dim of ``tables`` (fbgemm's stacked buffers need it)."""
     dims = {t.dim for t in tables}
     if len(dims) != 1:
-        raise ValueError(f"embedding={backend}: all tables must share one embedding dim, got {sorted(dims)}")
+        raise ValueError(
+            f"embedding={backend}: all tables must share one embedding dim, got {sorted(dims)}"
+        )
     return dims.pop()
 
 
-def initial_state(tables: list[TableSpec], optim: SparseOptim, seed: int) -> dict[str, torch.Tensor]:
+def initial_state(
+    tables: list[TableSpec], optim: SparseOptim, seed: int
+) -> dict[str, torch.Tensor]:
     """Deterministic initial rows per table (uniform in +-1/sqrt(rows), like torchrec), zero state.
 
     Seeded by table name, not by construction order, so every placement and every sharding of the
@@ -194,7 +198,7 @@ def initial_state(tables: list[TableSpec], optim: SparseOptim, seed: int) -> dic
 
     def rows(t: TableSpec) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(t.name.encode()))
-        bound = t.num_rows ** -0.5
+        bound = t.num_rows**-0.5
         return torch.empty(t.num_rows, t.dim).uniform_(-bound, bound, generator=g)
 
     # largest first: the longest fills start at once
@@ -217,8 +221,12 @@ def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> Keyed
     return KeyedTensor(keys=keys, length_per_key=[dim] * len(keys), values=values)
 
 
-def pop_prefetched(queue: deque, kjt: KeyedJaggedTensor, kjt_of: Callable[[Any], KeyedJaggedTensor],
-                   grad_of: Callable[[Any], bool]) -> Any | None:
+def pop_prefetched(
+    queue: deque,
+    kjt: KeyedJaggedTensor,
+    kjt_of: Callable[[Any], KeyedJaggedTensor],
+    grad_of: Callable[[Any], bool],
+) -> Any | None:
     """Remove and return the entry of ``queue`` (prefetched batches, oldest first) that a forward of
     ``kjt`` consumes under the FIFO protocol of :class:`EmbeddingBackend`, or None (ad hoc).
 
@@ -233,7 +241,9 @@ def pop_prefetched(queue: deque, kjt: KeyedJaggedTensor, kjt_of: Callable[[Any],
     if entry is None:
         return None
     prefetched = kjt_of(entry)
-    if kjt is not prefetched and (kjt.stride() != prefetched.stride() or list(kjt.keys()) != list(prefetched.keys())):
+    if kjt is not prefetched and (
+        kjt.stride() != prefetched.stride() or list(kjt.keys()) != list(prefetched.keys())
+    ):
         raise RuntimeError(
             f"forward of a batch of {kjt.stride()} samples while the prefetched batch it consumes has "
             f"{prefetched.stride()}: batches must be forwarded in the order they were prefetched"

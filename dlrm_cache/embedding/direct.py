@@ -37,7 +37,14 @@ class TbeBackend(EmbeddingBackend):
         object.__setattr__(
             self,
             "tbe",
-            make_tbe([t.num_rows for t in tables], self.dim, optim, self.device, self.location, **tbe_kwargs),
+            make_tbe(
+                [t.num_rows for t in tables],
+                self.dim,
+                optim,
+                self.device,
+                self.location,
+                **tbe_kwargs,
+            ),
         )
         self._row_offsets = [0]
         for t in tables:
@@ -123,7 +130,9 @@ class UvmCacheBackend(TbeBackend):
         if not 0 < cache_ratio <= 1:
             raise ValueError(f"embedding.cache_ratio={cache_ratio}: must be in (0, 1]")
         if algorithm not in CACHE_ALGORITHMS:
-            raise ValueError(f"embedding.algorithm={algorithm!r}: choose one of {sorted(CACHE_ALGORITHMS)}")
+            raise ValueError(
+                f"embedding.algorithm={algorithm!r}: choose one of {sorted(CACHE_ALGORITHMS)}"
+            )
         super().__init__(
             tables,
             optim,
@@ -150,7 +159,9 @@ class UvmCacheBackend(TbeBackend):
             "bytes_loaded": float(misses * rb),
             "conflict_misses": float(s[5]),
             "cache_rows": float(self.tbe.lxu_cache_weights.size(0)),
-            "cache_bytes": float(self.tbe.lxu_cache_weights.numel() * self.tbe.lxu_cache_weights.element_size()),
+            "cache_bytes": float(
+                self.tbe.lxu_cache_weights.numel() * self.tbe.lxu_cache_weights.element_size()
+            ),
         }
 
     def reset_stats(self) -> None:

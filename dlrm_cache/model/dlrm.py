@@ -45,9 +45,13 @@ class DotInteraction(nn.Module):
 
     def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
         # sparse rows come in fp32 from fbgemm: join the dense part's dtype (bf16 under autocast)
-        combined = torch.cat((dense_features.unsqueeze(1), sparse_features.to(dense_features.dtype)), dim=1)
+        combined = torch.cat(
+            (dense_features.unsqueeze(1), sparse_features.to(dense_features.dtype)), dim=1
+        )
         products = torch.bmm(combined, combined.transpose(1, 2))
-        return torch.cat((dense_features, products.flatten(1).index_select(1, self.pair_index)), dim=1)
+        return torch.cat(
+            (dense_features, products.flatten(1).index_select(1, self.pair_index)), dim=1
+        )
 
 
 class DLRM(nn.Module):
@@ -89,7 +93,9 @@ class DLRM(nn.Module):
         return self._dense_path(dense, pooled)
 
     def _dense_path(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.precision is Precision.bf16):
+        with torch.autocast(
+            dense.device.type, dtype=torch.bfloat16, enabled=self.precision is Precision.bf16
+        ):
             embedded_dense = self.dense_arch(dense)
             embedded_sparse = pooled.view(pooled.shape[0], self.num_sparse, self.embedding_dim)
             logits = self.over_arch(self.inter_arch(embedded_dense, embedded_sparse)).squeeze(-1)
@@ -104,14 +110,16 @@ class DLRM(nn.Module):
     def dense_state_dict(self) -> dict[str, torch.Tensor]:
         """The MLPs only: embedding tables are checkpointed per owner (see train/checkpoint.py)."""
         return {
-            f"{part}.{k}": v for part in self.DENSE_PARTS for k, v in getattr(self, part).state_dict().items()
+            f"{part}.{k}": v
+            for part in self.DENSE_PARTS
+            for k, v in getattr(self, part).state_dict().items()
         }
 
     def load_dense_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for part in self.DENSE_PARTS:
             prefix = part + "."
             getattr(self, part).load_state_dict(
-                {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+                {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             )
 
 

@@ -28,11 +28,15 @@ class DistInfo:
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        )
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device={name}: CUDA is not available on this machine (use device=cpu)")
+            raise ValueError(
+                f"device={name}: CUDA is not available on this machine (use device=cpu)"
+            )
         if device.index is None:
             device = torch.device(f"cuda:{local_rank}")
     return device
@@ -49,8 +53,12 @@ def init_distributed(device: torch.device, timeout_s: float = 300.0) -> DistInfo
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return DistInfo(rank=rank, world_size=world, local_rank=local_rank,
-                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return DistInfo(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )
 
 
 # Keys that may legitimately differ between the ranks of one job.
@@ -66,8 +74,7 @@ def agree_on_config(cfg, info: DistInfo) -> str:
 
     if not info.distributed:
         return str(cfg.run_dir)
-    mine = {k: v for k, v in flatten(config_dict(cfg)).items()
-            if k not in _PER_RANK_KEYS}
+    mine = {k: v for k, v in flatten(config_dict(cfg)).items() if k not in _PER_RANK_KEYS}
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, (mine, str(cfg.run_dir)))
     base = everyone[0][0]
@@ -77,7 +84,8 @@ def agree_on_config(cfg, info: DistInfo) -> str:
             k = diff[0]
             raise ValueError(
                 f"ranks were launched with different configs: {k}={base.get(k)!r} on rank 0 but "
-                f"{other.get(k)!r} on rank {r}" + (f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else "")
+                f"{other.get(k)!r} on rank {r}"
+                + (f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else "")
             )
     return everyone[0][1]
 

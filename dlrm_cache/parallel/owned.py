@@ -56,7 +56,8 @@ class OwnedShards:
         (host tensors, pinned when ``pin``; offsets take the ids' dtype, as fbgemm wants)."""
         n = sum(p.shape[1] for p in pieces)
         dtype = pieces[0].dtype if pieces else np.dtype(np.int64)
-        values, inside = [], []
+        values: list[np.ndarray] = []
+        inside: list[np.ndarray | None] = []
         for s, j in zip(self.shards, self._columns):
             col = pieces[0][j] if len(pieces) == 1 else np.concatenate([p[j] for p in pieces])
             if (s.lo, s.hi) == (0, s.rows_in_table):
@@ -98,7 +99,9 @@ class OwnedShards:
             offset_per_key=list(accumulate(counts, initial=0)),
         )
 
-    def sparse_to(self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False) -> KeyedJaggedTensor:
+    def sparse_to(
+        self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False
+    ) -> KeyedJaggedTensor:
         """``kjt`` on ``device``: its three tensors copied asynchronously (from pinned memory), the
         host-known stride and per-key lengths kept (nothing is read back from the device)."""
         if kjt.values().device == device and not copy:

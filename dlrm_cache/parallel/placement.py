@@ -69,7 +69,11 @@ class Placement:
             host_rows = sum(s.hi - s.lo for s in mine)
             cache = sum(self.cache_rows[s.name] for s in mine)
             w = [self.load[s.name] for s in mine]
-            hit = float(np.average([self.hit_rate[s.name] for s in mine], weights=w)) if mine else math.nan
+            hit = (
+                float(np.average([self.hit_rate[s.name] for s in mine], weights=w))
+                if mine
+                else math.nan
+            )
             lines.append(
                 f"{rank:>4}  {len(mine):>6}  {host_rows:>12,}  {host_rows * host_bytes_per_row / 2**30:>8.2f}"
                 f"  {cache:>10,}  {hit:>8.3f}  {sum(w) / total:>10.3f}"
@@ -82,7 +86,9 @@ class Placement:
 
 def split_table(t: TableSpec, pieces: int) -> list[Shard]:
     bounds = np.linspace(0, t.num_rows, pieces + 1).round().astype(int)
-    return [Shard(t.name, int(a), int(b), t.num_rows) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [
+        Shard(t.name, int(a), int(b), t.num_rows) for a, b in zip(bounds[:-1], bounds[1:]) if b > a
+    ]
 
 
 def plan_placement(
@@ -119,9 +125,15 @@ def plan_placement(
     cache_rows, hit_rate, load = {}, {}, {}
     for s in shards:
         n = s.hi - s.lo
-        c = None if counts is None or s.table not in counts else np.asarray(counts[s.table], dtype=np.float64)
+        c = (
+            None
+            if counts is None or s.table not in counts
+            else np.asarray(counts[s.table], dtype=np.float64)
+        )
         table_total = c.sum() if c is not None else float(s.rows_in_table)
-        share = c[s.lo : s.hi].sum() / max(table_total, 1.0) if c is not None else n / s.rows_in_table
+        share = (
+            c[s.lo : s.hi].sum() / max(table_total, 1.0) if c is not None else n / s.rows_in_table
+        )
         if cache_ratio is None:
             cache_rows[s.name], hit = n, 1.0
         else:
@@ -151,7 +163,9 @@ def plan_placement(
         used[r] += need
     return Placement(
         shards=[Shard(s.table, s.lo, s.hi, s.rows_in_table, placed[s.name]) for s in shards],
-        cache_rows=cache_rows, hit_rate=hit_rate, load=load,
+        cache_rows=cache_rows,
+        hit_rate=hit_rate,
+        load=load,
     )
 
 

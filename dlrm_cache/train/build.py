@@ -58,7 +58,9 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
 
 def host_budget(cfg: DictConfig, local_ranks: int) -> float:
     """Host bytes per rank for embedding tables: host_memory_gb, else MemAvailable shared by the ranks."""
-    return cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(local_ranks)
+    return (
+        cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(local_ranks)
+    )
 
 
 def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim) -> None:
@@ -95,15 +97,27 @@ def build_embeddings(
         embeddings.import_tables(initial_state(tables, optim, cfg.seed))
         return embeddings, None
     budget = host_budget(cfg, info.local_world_size)
-    placement = plan_placement(tables, info.world_size, optim, budget, cfg.embedding.get("cache_ratio"),
-                               counts, cfg.shard_rows_above)
+    placement = plan_placement(
+        tables,
+        info.world_size,
+        optim,
+        budget,
+        cfg.embedding.get("cache_ratio"),
+        counts,
+        cfg.shard_rows_above,
+    )
     if info.is_main:
-        log.info("embedding placement (%d ranks):\n%s", info.world_size,
-                 placement.table(info.world_size, optim.row_bytes(cfg.model.embedding_dim)))
+        log.info(
+            "embedding placement (%d ranks):\n%s",
+            info.world_size,
+            placement.table(info.world_size, optim.row_bytes(cfg.model.embedding_dim)),
+        )
     sharded = ShardedEmbeddings(tables, optim, placement.shards, make, device)
     # the same initial rows as one process would have: whole tables from their seed, then sliced
     mine = placement.owned_by(info.rank)
-    full = initial_state([t for t in tables if any(s.table == t.name for s in mine)], optim, cfg.seed)
+    full = initial_state(
+        [t for t in tables if any(s.table == t.name for s in mine)], optim, cfg.seed
+    )
     state = {}
     for s in mine:
         for field in ("weight", "momentum1"):
@@ -139,34 +153,66 @@ class TrainingRun:
         # recorded first: a run resumed from this checkpoint keeps the records up to this one.  A
         # resume that did no step saves its own checkpoint again (putting an interrupted replace in
         # order): its record is already the last one kept.
-        again = self.resume is not None and self.resume.step == step \
+        again = (
+            self.resume is not None
+            and self.resume.step == step
             and self.resume.log_records(self.run_dir) is not None
+        )
         if not again:
             self.log.write(CHECKPOINT, step=step, path=str(step_dir(self.run_dir, step)))
         meta = checkpoint_meta(self.cfg, self.manifest, self.info.world_size, self.log.records)
-        save_checkpoint(self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank, meta)
+        save_checkpoint(
+            self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank, meta
+        )
 
     def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
-        stream = self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
-        result = evaluate(self.net, stream, self.device, self.cfg.eval_batches,
-                          self.cfg.data.prefetch_batches, self.embeddings)
+        stream = (
+            self.val_stream if split == "val" else self.stream(split, self.cfg.data.eval_batch_size)
+        )
+        result = evaluate(
+            self.net,
+            stream,
+            self.device,
+            self.cfg.eval_batches,
+            self.cfg.data.prefetch_batches,
+            self.embeddings,
+        )
         self.log.write(EVAL, step=step, split=split, **result)
         return result
 
     def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
-        return make_stream(self.cfg, self.manifest, self.info, self.device, split, batch_size,
-                           shuffle, self.owned)
+        return make_stream(
+            self.cfg, self.manifest, self.info, self.device, split, batch_size, shuffle, self.owned
+        )
 
 
-def make_stream(cfg: DictConfig, manifest: Manifest, info: DistInfo, device: torch.device, split: str,
-                batch_size: int, shuffle: bool = False,
-                owned: list[Shard] | None = None) -> ShardStream:
+def make_stream(
+    cfg: DictConfig,
+    manifest: Manifest,
+    info: DistInfo,
+    device: torch.device,
+    split: str,
+    batch_size: int,
+    shuffle: bool = False,
+    owned: list[Shard] | None = None,
+) -> ShardStream:
     """Training batches drop the last partial batch; evaluation keeps every row.  ``owned``: this
     rank's embedding shards when they are sharded (its batches then hold their ids for all rows)."""
     train = split == "train"
-    return ShardStream(cfg.data.path, manifest, split, batch_size, shuffle, cfg.seed, info.rank, info.world_size,
-                       drop_last=train, key="data.batch_size" if train else "data.eval_batch_size",
-                       pin=device.type == "cuda", shards=owned)
+    return ShardStream(
+        cfg.data.path,
+        manifest,
+        split,
+        batch_size,
+        shuffle,
+        cfg.seed,
+        info.rank,
+        info.world_size,
+        drop_last=train,
+        key="data.batch_size" if train else "data.eval_batch_size",
+        pin=device.type == "cuda",
+        shards=owned,
+    )
 
 
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
@@ -177,7 +223,9 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     manifest = Manifest.load(data_path)
     manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
-    claim_run_dir(run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg)  # one run per run dir
+    claim_run_dir(
+        run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg
+    )  # one run per run dir
     torch.manual_seed(cfg.seed)
     embeddings, owned = build_embeddings(cfg, manifest, data_path, device, info)
     model = DLRM(
@@ -198,10 +246,12 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    train_stream = make_stream(cfg, manifest, info, device, "train", cfg.data.batch_size,
-                               cfg.data.shuffle, owned)
-    val_stream = make_stream(cfg, manifest, info, device, "val", cfg.data.eval_batch_size,
-                             owned=owned)
+    train_stream = make_stream(
+        cfg, manifest, info, device, "train", cfg.data.batch_size, cfg.data.shuffle, owned
+    )
+    val_stream = make_stream(
+        cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned
+    )
     steps_per_epoch = len(train_stream)
     if steps_per_epoch == 0:
         raise ValueError(
@@ -211,13 +261,29 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps >= 0:
         total_steps = min(total_steps, cfg.max_steps)
-    log = open_log(run_dir, enabled=info.is_main,
-                   keep=ckpt.log_records(run_dir) if ckpt is not None else None)
+    log = open_log(
+        run_dir, enabled=info.is_main, keep=ckpt.log_records(run_dir) if ckpt is not None else None
+    )
     from ..tensorboard import attach as attach_tensorboard
 
     attach_tensorboard(log, cfg.logger.tensorboard, run_dir)
-    return TrainingRun(cfg, info, device, run_dir, manifest, embeddings, model, net, opt, train_stream, val_stream,
-               total_steps, log, ckpt, owned)
+    return TrainingRun(
+        cfg,
+        info,
+        device,
+        run_dir,
+        manifest,
+        embeddings,
+        model,
+        net,
+        opt,
+        train_stream,
+        val_stream,
+        total_steps,
+        log,
+        ckpt,
+        owned,
+    )
 
 
 def restore(run: TrainingRun) -> int:

@@ -21,8 +21,8 @@ import os
 import re
 import shutil
 import warnings
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,9 +52,16 @@ _LEFT_BEHIND = re.compile(r"\.(step_\d+)\.(tmp|old)")  # by a save that was kill
 # the data position (global batch k of epoch e).  Everything else (learning rates, schedules,
 # embedding placement, number of ranks, evaluation, logging) may change on resume.
 RESUME_KEYS = (
-    "model.embedding_dim", "model.bottom_mlp", "model.top_mlp",
-    "optim.sparse.name", "optim.dense.name", "optim.dense.weight_decay", "optim.dense.momentum",
-    "data.batch_size", "data.shuffle", "seed",
+    "model.embedding_dim",
+    "model.bottom_mlp",
+    "model.top_mlp",
+    "optim.sparse.name",
+    "optim.dense.name",
+    "optim.dense.weight_decay",
+    "optim.dense.momentum",
+    "data.batch_size",
+    "data.shuffle",
+    "seed",
 )
 
 # ...and what must be recorded of its dataset (newer identity keys may be absent from older checkpoints)
@@ -67,7 +74,11 @@ def _barrier() -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, dense: dict[str, Any], tables: dict[str, torch.Tensor], rank: int,
+    run_dir: Path,
+    step: int,
+    dense: dict[str, Any],
+    tables: dict[str, torch.Tensor],
+    rank: int,
     meta: dict[str, Any],
 ) -> Path:
     """Collective under torchrun: every rank calls it with its own tables; rank 0's ``dense`` and
@@ -91,7 +102,8 @@ def save_checkpoint(
         if rank == 0:
             files[DENSE] = ([], _save(dense, tmp / DENSE))
             record = {
-                **meta, "step": step,
+                **meta,
+                "step": step,
                 "tables": {k: f for f, (keys, _) in files.items() for k in keys},
                 "files": {f: size for f, (_, size) in files.items()},
             }
@@ -101,8 +113,12 @@ def save_checkpoint(
     except OSError as e:  # disk full, quota, permissions: the earlier checkpoints stay as they were
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise WriteError(e.errno, f"checkpoint step {step} not written ({e.strerror or one_line(e)}); "
-                      "the earlier checkpoints are intact", str(e.filename or tmp)) from None
+        raise WriteError(
+            e.errno,
+            f"checkpoint step {step} not written ({e.strerror or one_line(e)}); "
+            "the earlier checkpoints are intact",
+            str(e.filename or tmp),
+        ) from None
     _barrier()
     return final
 
@@ -203,8 +219,10 @@ def load_data(path: Path, mmap: bool = False) -> Any:
     except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError, OSError (mmap), ...: crafted or damaged
         detail = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\. |\n\n|$)", str(e), re.S)
         if detail:
-            raise ValueError(f"{path}: refused: it holds more than tensors and plain data "
-                             f"({one_line(Exception(detail[1]))}); dlrm-cache loads no code") from None
+            raise ValueError(
+                f"{path}: refused: it holds more than tensors and plain data "
+                f"({one_line(Exception(detail[1]))}); dlrm-cache loads no code"
+            ) from None
         raise ValueError(f"{path}: not a readable checkpoint file ({one_line(e)[:200]})") from None
 
 
@@ -218,11 +236,23 @@ META_SCHEMA: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "world_size": ("an integer >= 1", lambda v: _count(v, 1)),
     "log_records": ("an integer >= 0", _count),
     "config": ("a non-empty object (the run's config)", lambda v: isinstance(v, dict) and bool(v)),
-    "dataset": ("a non-empty object (the dataset's identity)", lambda v: isinstance(v, dict) and bool(v)),
-    "tables": ("an object of table entry -> file name",
-               lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(f, str) for k, f in v.items())),
-    "files": ("an object of file name -> size in bytes",
-              lambda v: isinstance(v, dict) and all(isinstance(k, str) and _count(n) for k, n in v.items())),
+    "dataset": (
+        "a non-empty object (the dataset's identity)",
+        lambda v: isinstance(v, dict) and bool(v),
+    ),
+    "tables": (
+        "an object of table entry -> file name",
+        lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(k, str) and isinstance(f, str) for k, f in v.items())
+        ),
+    ),
+    "files": (
+        "an object of file name -> size in bytes",
+        lambda v: (
+            isinstance(v, dict) and all(isinstance(k, str) and _count(n) for k, n in v.items())
+        ),
+    ),
 }
 
 
@@ -244,7 +274,11 @@ def meta_problem(meta: Any, directory: Path) -> str | None:
     for name in sorted({*meta["tables"].values(), *meta["files"], DENSE}):
         if name not in meta["files"]:
             return f"no size recorded for {name!r}"
-        if name in ("", ".", "..") or Path(name).name != name or (home / name).resolve().parent != home:
+        if (
+            name in ("", ".", "..")
+            or Path(name).name != name
+            or (home / name).resolve().parent != home
+        ):
             return f"{name!r} is not a file of this checkpoint directory"
     return None
 
@@ -259,13 +293,17 @@ class Checkpoint:
         try:
             self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         except ValueError as e:
-            raise ValueError(f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({one_line(e)})") from None
+            raise ValueError(
+                f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({one_line(e)})"
+            ) from None
         except OSError as e:
             raise type(e)(e.errno, f"{meta_path}: {e.strerror}") from None
         problem = meta_problem(self.meta, self.path)
         if problem is not None:
-            raise ValueError(f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({problem}); "
-                             "resume from another checkpoint")
+            raise ValueError(
+                f"{meta_path}: not a dlrm-cache checkpoint's meta.json ({problem}); "
+                "resume from another checkpoint"
+            )
         self.step: int = self.meta["step"]
         stored: dict[str, str] = self.meta["tables"]
         for name in sorted({*stored.values(), DENSE}):
@@ -274,8 +312,10 @@ class Checkpoint:
             have = f.stat().st_size if f.is_file() else None
             if have != want:
                 found = "missing" if have is None else f"{have} bytes"
-                raise ValueError(f"{f}: {found} but {meta_path} records {want}"
-                                 " (cut short or replaced?); resume from another checkpoint")
+                raise ValueError(
+                    f"{f}: {found} but {meta_path} records {want}"
+                    " (cut short or replaced?); resume from another checkpoint"
+                )
         self.dense: dict[str, Any] = load_data(self.path / DENSE)
         self.config: dict[str, Any] = self.meta["config"]
 
@@ -320,7 +360,9 @@ class Checkpoint:
                     f"resume={self.path}: the checkpoint has no {key} (written with another model or "
                     "optimizer?)"
                 )
-            spans = [(plo or 0, phi if phi is not None else load(k).shape[0], k) for plo, phi, k in have]
+            spans = [
+                (plo or 0, phi if phi is not None else load(k).shape[0], k) for plo, phi, k in have
+            ]
             lo = lo or 0
             hi = hi if hi is not None else max(s[1] for s in spans)
             first = load(spans[0][2])
@@ -332,15 +374,23 @@ class Checkpoint:
                     result[a - lo : b - lo] = load(k)[a - plo : b - plo]
                     filled += b - a
             if filled != hi - lo:
-                raise ValueError(f"resume={self.path}: rows {lo}-{hi} of {table}.{field} are not all there")
+                raise ValueError(
+                    f"resume={self.path}: rows {lo}-{hi} of {table}.{field} are not all there"
+                )
             out[key] = result
         return out
 
 
-def checkpoint_meta(cfg: DictConfig, manifest: Manifest, world_size: int, log_records: int) -> dict[str, Any]:
+def checkpoint_meta(
+    cfg: DictConfig, manifest: Manifest, world_size: int, log_records: int
+) -> dict[str, Any]:
     """What :func:`save_checkpoint` records beside the tensors (the other half of a resume check)."""
-    return {"config": config_dict(cfg), "dataset": manifest.identity(),
-            "world_size": world_size, "log_records": log_records}
+    return {
+        "config": config_dict(cfg),
+        "dataset": manifest.identity(),
+        "world_size": world_size,
+        "log_records": log_records,
+    }
 
 
 def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
@@ -352,8 +402,10 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
     unknown = [k for k in (*RESUME_KEYS, *REQUIRED_DATASET_KEYS) if k not in then]
     if unknown:  # nothing to compare: the resume could not be checked
-        raise ValueError(f"{ckpt.path / META}: records no {unknown[0]} (of the run's config or its dataset); "
-                         "it cannot be checked against this run, resume from another checkpoint")
+        raise ValueError(
+            f"{ckpt.path / META}: records no {unknown[0]} (of the run's config or its dataset); "
+            "it cannot be checked against this run, resume from another checkpoint"
+        )
     diff = [k for k in now if k in then and then[k] != now[k]]
     if diff:
         raise ValueError(

@@ -52,7 +52,7 @@ def claim_run_dir(
     run_dir: Path,
     resume_from: Path | None,
     overwrite: bool,
-    info: "DistInfo",
+    info: DistInfo,
     config: DictConfig | None = None,
 ) -> None:
     """Lock ``run_dir`` for this job and make sure it holds no other run (removing it under

@@ -62,8 +62,13 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     clock, the embedding counters and the seconds from the command to the first step."""
     cfg, info, model, embeddings = run.cfg, run.info, run.model, run.embeddings
     steps_per_epoch = len(run.train_stream)
-    bar = tqdm(total=run.total_steps, initial=step, disable=not (cfg.progress and info.is_main),
-               unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=run.total_steps,
+        initial=step,
+        disable=not (cfg.progress and info.is_main),
+        unit="step",
+        dynamic_ncols=True,
+    )
     clock, totals, startup_s = Throughput(), StatsTotals(), math.nan
     interval = StatsTotals()  # the cache's counters since the last train record
     # summed on the device: a .item() per step would make the host wait for every step
@@ -72,8 +77,13 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     model.train()
     while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
-        with Pipeline(run.train_stream.batches(epoch, start), run.device, embeddings,
-                      cfg.data.prefetch_batches, cfg.data.analysis_threads) as pipeline:
+        with Pipeline(
+            run.train_stream.batches(epoch, start),
+            run.device,
+            embeddings,
+            cfg.data.prefetch_batches,
+            cfg.data.analysis_threads,
+        ) as pipeline:
             for batch in pipeline:
                 if math.isnan(startup_s):
                     startup_s = seconds_since_process_start()
@@ -84,15 +94,26 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                 clock.samples += batch.size * info.world_size
                 loss_sum += loss.detach()
                 loss_n += 1
-                guard.record(step, loss, batch.source)  # no sync: checked below, where the loop reads anyway
+                guard.record(
+                    step, loss, batch.source
+                )  # no sync: checked below, where the loop reads anyway
                 if step % cfg.log_every == 0 or step == run.total_steps:
                     guard.check()
-                    mean_loss = loss_sum.item() / loss_n  # waits for the steps so far: then read the clock
+                    mean_loss = (
+                        loss_sum.item() / loss_n
+                    )  # waits for the steps so far: then read the clock
                     rate = clock.lap()
                     interval.add(embeddings.take_stats())
                     emb_stats, interval = interval.result(), StatsTotals()
                     totals.add(emb_stats)
-                    run.log.write(TRAIN, step=step, epoch=epoch, loss=mean_loss, samples_per_s=rate, **emb_stats)
+                    run.log.write(
+                        TRAIN,
+                        step=step,
+                        epoch=epoch,
+                        loss=mean_loss,
+                        samples_per_s=rate,
+                        **emb_stats,
+                    )
                     bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
                     loss_sum.zero_()
                     loss_n = 0
@@ -105,8 +126,14 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         result = run.evaluate(step)
                         embeddings.reset_stats()
                     if info.is_main:
-                        bar.write(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < run.total_steps:
+                        bar.write(
+                            f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}"
+                        )
+                if (
+                    cfg.checkpoint_every
+                    and step % cfg.checkpoint_every == 0
+                    and step < run.total_steps
+                ):
                     with clock.pause():
                         guard.check()
                         run.checkpoint(step)
@@ -126,7 +153,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     return step, clock, totals, startup_s
 
 
-def summarize(run: TrainingRun, step: int, clock: Throughput, totals: StatsTotals, startup_s: float) -> dict[str, Any]:
+def summarize(
+    run: TrainingRun, step: int, clock: Throughput, totals: StatsTotals, startup_s: float
+) -> dict[str, Any]:
     """Final checkpoint and evaluation; the summary (written to the run dir, printed as a table)."""
     run.checkpoint(step)
     final = run.evaluate(step)
@@ -163,10 +192,19 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
     if info.is_main:
         log.info(
             "run dir %s | %d tables, %s rows | %d steps of %d | embedding=%s",
-            run.run_dir, len(run.manifest.table_sizes), f"{sum(run.manifest.table_sizes):,}",
-            run.total_steps, cfg.data.batch_size, cfg.embedding._target_.rsplit(".", 1)[-1],
+            run.run_dir,
+            len(run.manifest.table_sizes),
+            f"{sum(run.manifest.table_sizes):,}",
+            run.total_steps,
+            cfg.data.batch_size,
+            cfg.embedding._target_.rsplit(".", 1)[-1],
         )
-    run.log.write(START, step=step, total_steps=run.total_steps, world_size=info.world_size,
-                  config=config_dict(cfg))
+    run.log.write(
+        START,
+        step=step,
+        total_steps=run.total_steps,
+        world_size=info.world_size,
+        config=config_dict(cfg),
+    )
     step, clock, totals, startup_s = train_steps(run, step)
     return summarize(run, step, clock, totals, startup_s)

@@ -29,7 +29,9 @@ class EvalMetrics:
         probs = torch.sigmoid(logits.float())
         self.probs.append(probs)
         self.labels.append(labels)
-        self.loss_sum += F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="sum").double()
+        self.loss_sum += F.binary_cross_entropy_with_logits(
+            logits.float(), labels, reduction="sum"
+        ).double()
         self.correct += ((probs > 0.5) == (labels > 0.5)).sum().double()
         self.count += labels.numel()
 
@@ -44,10 +46,15 @@ class EvalMetrics:
         labels = torch.cat(self.labels) if self.labels else probs.new_zeros(0)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(sums)
-            probs, labels = torch.cat(gather_all_tensors(probs)), torch.cat(gather_all_tensors(labels))
+            probs, labels = (
+                torch.cat(gather_all_tensors(probs)),
+                torch.cat(gather_all_tensors(labels)),
+            )
         loss_sum, correct, n = sums.tolist()
         return {
-            "auc": float(binary_auroc(probs, labels.long(), validate_args=False)) if n else math.nan,
+            "auc": float(binary_auroc(probs, labels.long(), validate_args=False))
+            if n
+            else math.nan,
             "logloss": loss_sum / n if n else math.nan,
             "accuracy": correct / n if n else math.nan,
             "samples": int(n),
@@ -80,8 +87,15 @@ def _fmt(v) -> str:
 
 
 # Embedding stats that describe the cache (take the latest value) rather than count events.
-_LEVELS = {"cache_bytes", "cache_rows", "static_rows", "static_bytes", "window_rows", "window_bytes",
-           "window_needed_rows"}
+_LEVELS = {
+    "cache_bytes",
+    "cache_rows",
+    "static_rows",
+    "static_bytes",
+    "window_rows",
+    "window_bytes",
+    "window_needed_rows",
+}
 
 
 class StatsTotals:

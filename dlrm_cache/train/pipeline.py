@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from ..data.loader import Batch
-from ..threads import Prefetcher
 from ..embedding.base import EmbeddingBackend
 from ..streams import streams_for
+from ..threads import Prefetcher
 
 
 class Pipeline:

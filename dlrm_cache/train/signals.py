@@ -29,8 +29,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ..streams import streams_for
 from ..parallel.dist import DistInfo
+from ..streams import streams_for
 from .checkpoint import step_dir
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

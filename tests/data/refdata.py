@@ -45,7 +45,12 @@ EDGE_LINES = [
 def tiny_synth(out: Path, **kw) -> Path:
     """A few thousand lines with small tables (many repeats, so min_count matters)."""
     args = dict(
-        output=str(out), lines=3000, files=1, seed=1, cardinality_scale=0.0005, min_cardinality=8,
+        output=str(out),
+        lines=3000,
+        files=1,
+        seed=1,
+        cardinality_scale=0.0005,
+        min_cardinality=8,
         progress=False,
     )
     args.update(kw)
@@ -54,7 +59,9 @@ def tiny_synth(out: Path, **kw) -> Path:
 
 def pp_config(inp: Path, out: Path, **kw) -> PreprocessConfig:
     """Small blocks and shards so streaming, caching and sharding paths all run."""
-    args = dict(input=str(inp), output=str(out), chunk_bytes=64 << 10, rows_per_shard=700, progress=False)
+    args = dict(
+        input=str(inp), output=str(out), chunk_bytes=64 << 10, rows_per_shard=700, progress=False
+    )
     args.update(kw)
     return PreprocessConfig(**args)
 
@@ -138,7 +145,9 @@ def ref_dataset(
     return counts, by_split
 
 
-def expected_rows(lines: list[RefLine], counts: dict[str, pd.DataFrame], hash_modulus: int = 0) -> np.ndarray:
+def expected_rows(
+    lines: list[RefLine], counts: dict[str, pd.DataFrame], hash_modulus: int = 0
+) -> np.ndarray:
     """(n, 26) expected ranks: rank if kept, else the rare row (table_size - 1)."""
     out = np.empty((len(lines), len(SPARSE_NAMES)), dtype=np.int64)
     for j, name in enumerate(SPARSE_NAMES):
@@ -174,10 +183,18 @@ def check_dataset(root: Path, manifest: Manifest, counts, by_split, hash_modulus
         assert sum(manifest.splits[split].shard_rows) == len(df)
         if not lines:
             continue
-        assert df[LABEL].dtype == np.float32 and df["I1"].dtype == np.float32 and df["C1"].dtype == np.int32
+        assert (
+            df[LABEL].dtype == np.float32
+            and df["I1"].dtype == np.float32
+            and df["C1"].dtype == np.int32
+        )
         np.testing.assert_array_equal(df[LABEL].to_numpy(), [ln.label for ln in lines])
         dense = df[DENSE_NAMES].to_numpy()
         assert np.isfinite(dense).all()
-        np.testing.assert_allclose(dense, np.array([ln.dense for ln in lines], dtype=np.float32), rtol=1e-6)
-        np.testing.assert_array_equal(df[SPARSE_NAMES].to_numpy(), expected_rows(lines, counts, hash_modulus))
+        np.testing.assert_allclose(
+            dense, np.array([ln.dense for ln in lines], dtype=np.float32), rtol=1e-6
+        )
+        np.testing.assert_array_equal(
+            df[SPARSE_NAMES].to_numpy(), expected_rows(lines, counts, hash_modulus)
+        )
         assert (df[SPARSE_NAMES].to_numpy() < np.array(manifest.table_sizes)).all()

@@ -58,7 +58,9 @@ def _odd_raw(d: Path) -> Path:
 def _shards_equal(a: Path, b: Path, manifest: Manifest) -> None:
     for split in ("train", "val", "test"):
         assert read_split(a, manifest, split).equals(read_split(b, manifest, split)), split
-    assert pq.read_table(a / "stats/counts.parquet").equals(pq.read_table(b / "stats/counts.parquet"))
+    assert pq.read_table(a / "stats/counts.parquet").equals(
+        pq.read_table(b / "stats/counts.parquet")
+    )
 
 
 def _no_leftovers(out: Path) -> None:
@@ -127,7 +129,11 @@ def _one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
 def _gz(tmp: Path, cut: bool) -> Path:
     data = gzip.compress(("\n".join([GOOD] * 3000) + "\n").encode())
     p = tmp / "day_0.gz"
-    p.write_bytes(data[: len(data) // 2] if cut else data[:20] + bytes(b ^ 0x5A for b in data[20:300]) + data[300:])
+    p.write_bytes(
+        data[: len(data) // 2]
+        if cut
+        else data[:20] + bytes(b ^ 0x5A for b in data[20:300]) + data[300:]
+    )
     return p
 
 
@@ -163,22 +169,43 @@ CORPUS = [
     ("binary file", _binary, [], ["no valid training lines", "wrong field count"]),
     ("parquet file", _parquet, [], ["no valid training lines", "wrong field count"]),
     ("empty file", _write("train.txt", b""), [], ["the input has no lines"]),
-    ("header and no label column", _write("train.txt", ("\n".join([HEADER] + [NO_LABEL] * 50) + "\n").encode()),
-     [], ["wrong field count: 42", "39 fields", "without the label column", "label not 0/1: 1"]),
-    ("header line", _write("train.txt", ("\n".join([HEADER, GOOD]) + "\n").encode()), ["train_fraction=0.5"],
-     ["label not 0/1: 1", "line 1 looks like a header"]),
-    ("fail on a binary line", _write("train.txt", b"\n".join([GOOD.encode(), b"\xff\x00\t\x01", GOOD.encode()])),
-     ["bad_lines=fail"], [":2: wrong field count"]),
-    ("directory without data", lambda t: (t / "empty_dir").mkdir() or t / "empty_dir", [], ["no day_N"]),
+    (
+        "header and no label column",
+        _write("train.txt", ("\n".join([HEADER] + [NO_LABEL] * 50) + "\n").encode()),
+        [],
+        ["wrong field count: 42", "39 fields", "without the label column", "label not 0/1: 1"],
+    ),
+    (
+        "header line",
+        _write("train.txt", ("\n".join([HEADER, GOOD]) + "\n").encode()),
+        ["train_fraction=0.5"],
+        ["label not 0/1: 1", "line 1 looks like a header"],
+    ),
+    (
+        "fail on a binary line",
+        _write("train.txt", b"\n".join([GOOD.encode(), b"\xff\x00\t\x01", GOOD.encode()])),
+        ["bad_lines=fail"],
+        [":2: wrong field count"],
+    ),
+    (
+        "directory without data",
+        lambda t: (t / "empty_dir").mkdir() or t / "empty_dir",
+        [],
+        ["no day_N"],
+    ),
     ("special file", lambda t: Path("/dev/null"), [], ["not a regular file or a directory"]),
 ]
 
 
 @pytest.mark.parametrize("case,make,extra,needles", CORPUS, ids=[c[0] for c in CORPUS])
-def test_unusable_input_is_one_line_and_leaves_nothing(tmp_path: Path, case, make, extra, needles) -> None:
+def test_unusable_input_is_one_line_and_leaves_nothing(
+    tmp_path: Path, case, make, extra, needles
+) -> None:
     inp = make(tmp_path)
     out = tmp_path / "ds"
-    res = _cli("preprocess", f"input={inp}", f"output={out}", "progress=false", *extra, cwd=tmp_path)
+    res = _cli(
+        "preprocess", f"input={inp}", f"output={out}", "progress=false", *extra, cwd=tmp_path
+    )
     _one_line_error(res, str(inp), *needles)
     assert not out.exists()
     _no_leftovers(out)
@@ -188,11 +215,21 @@ def test_unusable_input_is_one_line_and_leaves_nothing(tmp_path: Path, case, mak
 def test_unreadable_input_or_unwritable_output_is_one_line(tmp_path: Path, what: str) -> None:
     tiny_synth(tmp_path / "raw", lines=200)
     (tmp_path / "out").mkdir()
-    denied = {"file": tmp_path / "raw" / "day_0", "directory": tmp_path / "raw", "output directory": tmp_path / "out"}[what]
+    denied = {
+        "file": tmp_path / "raw" / "day_0",
+        "directory": tmp_path / "raw",
+        "output directory": tmp_path / "out",
+    }[what]
     denied.chmod(0o555 if what == "output directory" else 0)
     try:
-        res = _cli("preprocess", f"input={tmp_path / 'raw'}", f"output={tmp_path / 'out' / 'ds'}", "progress=false",
-                   cwd=tmp_path, drop_root_powers=True)
+        res = _cli(
+            "preprocess",
+            f"input={tmp_path / 'raw'}",
+            f"output={tmp_path / 'out' / 'ds'}",
+            "progress=false",
+            cwd=tmp_path,
+            drop_root_powers=True,
+        )
     finally:
         denied.chmod(0o755)
     _one_line_error(res, "Permission denied", str(denied))
@@ -202,10 +239,15 @@ def test_unreadable_input_or_unwritable_output_is_one_line(tmp_path: Path, what:
 
 def test_skipped_lines_are_reported_without_tracebacks(tmp_path: Path) -> None:
     raw = _odd_raw(tmp_path / "raw")
-    res = _cli("preprocess", f"input={raw}", f"output={tmp_path / 'ds'}", "progress=false", cwd=tmp_path)
+    res = _cli(
+        "preprocess", f"input={raw}", f"output={tmp_path / 'ds'}", "progress=false", cwd=tmp_path
+    )
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr and "Exception ignored" not in res.stderr
-    assert f"skipped {raw / 'day_0'}:" in res.stdout and "line too long (more than 65536 bytes)" in res.stdout
+    assert (
+        f"skipped {raw / 'day_0'}:" in res.stdout
+        and "line too long (more than 65536 bytes)" in res.stdout
+    )
     assert Manifest.load(tmp_path / "ds").bad_lines["line too long"] == 1
 
 
@@ -230,11 +272,18 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
         pp.preprocess(pp_config(raw, out, **small, min_count=2))  # the older dataset being replaced
     args = [f"{k}={v}" for k, v in small.items()] + ["overwrite=true", "progress=false"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "dlrm_cache", "preprocess", f"input={raw}", f"output={out}", *args],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrm_cache", "preprocess", f"input={raw}", f"output={out}", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     # Kill once the build directory holds a random number of files (0: just created, the last:
     # the manifest; during the swap the directory is gone and the kill lands on the rename).
-    target = random.Random(seed).randint(0, sum(1 for p in (tmp_path / "ref").rglob("*") if p.is_file()))
+    target = random.Random(seed).randint(
+        0, sum(1 for p in (tmp_path / "ref").rglob("*") if p.is_file())
+    )
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
         if _files_building(tmp_path) >= target:
@@ -249,5 +298,7 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
     assert m == ref
     _shards_equal(out, tmp_path / "ref", ref)
     _no_leftovers(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "ref").iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in (tmp_path / "ref").iterdir()
+    )
     assert (out / MANIFEST).exists()

@@ -19,13 +19,27 @@ from refdata import EDGE_LINES, GOOD
 
 
 def test_parse_hex_vectorized() -> None:
-    values = [b"0000000a", b"ffffffff", b"FFFFFFFE", b"1", b"abc", None, b"zz", b"123456789", b"0g000000", b"00000000", b"g"]
+    values = [
+        b"0000000a",
+        b"ffffffff",
+        b"FFFFFFFE",
+        b"1",
+        b"abc",
+        None,
+        b"zz",
+        b"123456789",
+        b"0g000000",
+        b"00000000",
+        b"g",
+    ]
     ids, bad = criteo.parse_hex(pa.array(values, pa.binary()))
     assert bad.tolist() == [False] * 6 + [True, True, True, False, True]
     assert ids[:6].tolist() == [10, 0xFFFFFFFF, 0xFFFFFFFE, 1, 0xABC, MISSING_ID]
     assert ids[9] == 0
     # All 8-digit values (the fast path), a sliced array, and an all-empty column.
-    ids, bad = criteo.parse_hex(pa.array([b"deadbeef", None, b"0000000g", b"DEADBEEF"], pa.binary()).slice(1))
+    ids, bad = criteo.parse_hex(
+        pa.array([b"deadbeef", None, b"0000000g", b"DEADBEEF"], pa.binary()).slice(1)
+    )
     assert ids[0] == MISSING_ID and bad.tolist() == [False, True, False] and ids[2] == 0xDEADBEEF
     ids, bad = criteo.parse_hex(pa.array([None, None], pa.binary()))
     assert ids.tolist() == [MISSING_ID, MISSING_ID] and not bad.any()
@@ -39,7 +53,9 @@ def test_parse_block_policy() -> None:
     assert p.lines.tolist() == [100, 100 + len(EDGE_LINES) - 1]
     assert p.label.tolist() == [1.0, 0.0]
     # GOOD: I1=5, I2=-3 (clipped), I3 empty, I4=0, I5=99999999999.
-    np.testing.assert_allclose(p.dense[:5, 0], [math.log1p(5), 0, 0, 0, math.log1p(99999999999)], rtol=1e-6)
+    np.testing.assert_allclose(
+        p.dense[:5, 0], [math.log1p(5), 0, 0, 0, math.log1p(99999999999)], rtol=1e-6
+    )
     assert p.dense.dtype == np.float32 and np.isfinite(p.dense).all()
     assert p.ids[:6, 0].tolist() == [0xA, MISSING_ID, 0xABCDEF12, 0xF, 1, 0]
     assert p.ids.dtype == np.int64 and p.ids.shape == (26, 2)
@@ -48,7 +64,10 @@ def test_parse_block_policy() -> None:
 @pytest.mark.parametrize(
     "line,reason",
     [
-        ("", "wrong field count"),  # only an empty line is wrong: no other line forces the slow path
+        (
+            "",
+            "wrong field count",
+        ),  # only an empty line is wrong: no other line forces the slow path
         ("2" + GOOD[1:], "label not 0/1"),
         (GOOD.replace("\t5\t", "\tabc\t", 1), "non-integer in an integer field"),
         (GOOD.replace("0000000a", "xyz", 1), "categorical not 1-8 hex digits"),
@@ -88,7 +107,14 @@ def test_blocks_number_lines_across_chunks(tmp_path: Path, gz: bool) -> None:
     # Stopping early and resuming from a block end.
     blocks = list(criteo.iter_blocks(path, 1000, stop_line=50))
     assert blocks[-1].first_line < 50 <= blocks[-1].first_line + blocks[-1].num_lines
-    rest = list(criteo.iter_blocks(path, 1000, start=blocks[-1].end, start_line=blocks[-1].first_line + blocks[-1].num_lines))
+    rest = list(
+        criteo.iter_blocks(
+            path,
+            1000,
+            start=blocks[-1].end,
+            start_line=blocks[-1].first_line + blocks[-1].num_lines,
+        )
+    )
     assert sum(b.num_lines for b in blocks + rest) == 300
 
 
@@ -104,7 +130,10 @@ BORDERLINE = [
     (GOOD.replace("\t5\t", "\t 5\t", 1), "non-integer in an integer field"),
     (GOOD.replace("\t5\t", "\t5 \t", 1), "non-integer in an integer field"),
     (GOOD.replace("\t5\t", "\t0x5\t", 1), "non-integer in an integer field"),
-    (GOOD.replace("\t5\t", "\t9223372036854775808\t", 1), "non-integer in an integer field"),  # int64 max + 1
+    (
+        GOOD.replace("\t5\t", "\t9223372036854775808\t", 1),
+        "non-integer in an integer field",
+    ),  # int64 max + 1
     (GOOD.replace("\t5\t", "\t9223372036854775807\t", 1), None),  # int64 max
     (GOOD.replace("\t5\t", "\t-9223372036854775808\t", 1), None),  # int64 min
     (GOOD.replace("\t5\t", "\t-0000000000000000000000005\t", 1), None),
@@ -113,7 +142,9 @@ BORDERLINE = [
 
 @pytest.mark.parametrize("line,reason", BORDERLINE)
 @pytest.mark.parametrize("neighbour", [GOOD, GOOD.replace("\t5\t", "\tx\t", 1)])
-def test_acceptance_is_a_property_of_the_line(line: str, reason: str | None, neighbour: str) -> None:
+def test_acceptance_is_a_property_of_the_line(
+    line: str, reason: str | None, neighbour: str
+) -> None:
     p = criteo.parse_block("\n".join([GOOD, line, neighbour]).encode())
     verdict = dict(zip(p.bad_lines.tolist(), p.bad_reasons))
     assert verdict.get(1) == reason
@@ -125,10 +156,27 @@ def test_pyarrow_int64_parser_is_the_policy_on_plain_bytes() -> None:
     conversion accepts exactly an optional '-' and digits that fit in int64, with their value."""
     rng = random.Random(0)
     alphabet = "0123456789abcdefABCDEF-"
-    values = {"".join(rng.choice(alphabet) if rng.random() < 0.3 else rng.choice("0123456789")
-                      for _ in range(rng.randint(1, 22))) for _ in range(600)}
-    values |= {"-", "--1", "1-", "-0", "007", "9223372036854775807", "9223372036854775808",
-               "-9223372036854775808", "-9223372036854775809", "0" * 30 + "5", "1e5", "0b1"}
+    values = {
+        "".join(
+            rng.choice(alphabet) if rng.random() < 0.3 else rng.choice("0123456789")
+            for _ in range(rng.randint(1, 22))
+        )
+        for _ in range(600)
+    }
+    values |= {
+        "-",
+        "--1",
+        "1-",
+        "-0",
+        "007",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "0" * 30 + "5",
+        "1e5",
+        "0b1",
+    }
     lines = [GOOD.replace("\t5\t", f"\t{v}\t", 1) for v in sorted(values)]
     data = "\n".join(lines).encode()
     fast = criteo.parse_block(data)  # typed where pyarrow converts the block, else per value
@@ -138,29 +186,47 @@ def test_pyarrow_int64_parser_is_the_policy_on_plain_bytes() -> None:
         assert (len(one.lines) == 1) == ok, v
         if ok:
             assert one.dense[0, 0] == np.float32(np.log1p(max(int(v), 0))), v
-    assert len(fast.lines) == sum(re.fullmatch(r"-?[0-9]+", v) is not None and -(2**63) <= int(v) < 2**63
-                                  for v in values)
+    assert len(fast.lines) == sum(
+        re.fullmatch(r"-?[0-9]+", v) is not None and -(2**63) <= int(v) < 2**63 for v in values
+    )
 
 
 def test_any_bytes_are_a_bad_line_not_a_crash() -> None:
     odd = [
-        (GOOD.replace("\t5\t", "\t\xff5\t", 1).encode("latin-1"), "non-integer in an integer field"),
+        (
+            GOOD.replace("\t5\t", "\t\xff5\t", 1).encode("latin-1"),
+            "non-integer in an integer field",
+        ),
         (b"\xff\xfe\x00junk\t1\t2", "wrong field count"),  # non-UTF-8 *and* the wrong field count
-        (GOOD.replace("0000000a", "0000\x00\x00\xe9a", 1).encode("latin-1"), "categorical not 1-8 hex digits"),
+        (
+            GOOD.replace("0000000a", "0000\x00\x00\xe9a", 1).encode("latin-1"),
+            "categorical not 1-8 hex digits",
+        ),
         (b"\x00" * 50, "wrong field count"),
         ("\xe9".encode("latin-1") + GOOD.encode()[1:], "label not 0/1"),
     ]
     data = b"\n".join([GOOD.encode(), *(o for o, _ in odd), GOOD.encode()]) + b"\n"
     p = criteo.parse_block(data)
     assert p.lines.tolist() == [0, len(odd) + 1]
-    assert list(zip(p.bad_lines.tolist(), p.bad_reasons)) == [(k + 1, r) for k, (_, r) in enumerate(odd)]
+    assert list(zip(p.bad_lines.tolist(), p.bad_reasons)) == [
+        (k + 1, r) for k, (_, r) in enumerate(odd)
+    ]
 
 
 @pytest.mark.parametrize("chunk_bytes", [100, 4096, 1 << 20])
 def test_over_long_line_is_skipped_and_never_held_whole(tmp_path: Path, chunk_bytes: int) -> None:
     huge = b"1\t" + b"7" * (10 << 20)  # a 10 MB line: too long for pyarrow's blocks too
-    wide = GOOD.replace("0000000a", "a" * (criteo.MAX_LINE_BYTES + 1), 1).encode()  # 40 fields, too long
-    lines = [GOOD.encode(), huge, GOOD.encode(), wide, GOOD.encode(), huge]  # the last without newline
+    wide = GOOD.replace(
+        "0000000a", "a" * (criteo.MAX_LINE_BYTES + 1), 1
+    ).encode()  # 40 fields, too long
+    lines = [
+        GOOD.encode(),
+        huge,
+        GOOD.encode(),
+        wide,
+        GOOD.encode(),
+        huge,
+    ]  # the last without newline
     (tmp_path / "f").write_bytes(b"\n".join(lines))
     assert criteo.count_lines(tmp_path / "f") == 6
     good, bad, biggest = [], [], 0

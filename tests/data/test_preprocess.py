@@ -50,7 +50,9 @@ def test_exact_counts_and_ranks(raw_small: Path, tmp_path: Path, cache_mb: int) 
     check_dataset(out, manifest, counts, by_split)
     assert manifest.bad_lines == dict(sorted(bad.items()))
     assert len(manifest.splits["train"].shards) > 1  # rows_per_shard=700: several shards
-    assert manifest.split_spec["kind"] == "fraction" and manifest.split_spec["total_lines"] == sum(sizes)
+    assert manifest.split_spec["kind"] == "fraction" and manifest.split_spec["total_lines"] == sum(
+        sizes
+    )
     assert manifest.sources == [str((raw_small / "day_0").resolve())]
     # The val/test edge lines have ids never seen in training except those the synth data shares.
     test = read_split(out, manifest, "test")
@@ -59,11 +61,16 @@ def test_exact_counts_and_ranks(raw_small: Path, tmp_path: Path, cache_mb: int) 
     # stats: digest, summary, load_counts (rank order, rare row last).
     import hashlib
 
-    assert manifest.stats_digest == hashlib.sha256((out / "stats/counts.parquet").read_bytes()).hexdigest()
+    assert (
+        manifest.stats_digest
+        == hashlib.sha256((out / "stats/counts.parquet").read_bytes()).hexdigest()
+    )
     summary = json.loads((out / "stats/summary.json").read_text())
     loaded = load_counts(out)
     for j, name in enumerate(SPARSE_NAMES):
-        assert len(loaded[name]) == manifest.table_sizes[j] == summary["features"][name]["table_size"]
+        assert (
+            len(loaded[name]) == manifest.table_sizes[j] == summary["features"][name]["table_size"]
+        )
         np.testing.assert_array_equal(loaded[name][:-1], counts[name]["count"].to_numpy())
         assert loaded[name][-1] == 0  # min_count=1: no training id is folded
         cov = summary["features"][name]["coverage"]
@@ -96,14 +103,25 @@ def test_split_by_day(tmp_path: Path) -> None:
     # Default: all but the last file train, the last halved into val then test.
     m = pp.preprocess(pp_config(raw, tmp_path / "a", split="day"))
     counts, by_split = ref_dataset(
-        per_file, lambda ln: "train" if ln.file < 2 else ("val" if ln.lineno < sizes[2] // 2 else "test")
+        per_file,
+        lambda ln: "train" if ln.file < 2 else ("val" if ln.lineno < sizes[2] // 2 else "test"),
     )
     check_dataset(tmp_path / "a", m, counts, by_split)
-    assert m.split_spec["train"] == ["day_0", "day_1"] and m.split_spec["halved"]["day_2"]["val_lines"] == 400
+    assert (
+        m.split_spec["train"] == ["day_0", "day_1"]
+        and m.split_spec["halved"]["day_2"]["val_lines"] == 400
+    )
 
     # Explicit lists, each file whole.
     m = pp.preprocess(
-        pp_config(raw, tmp_path / "b", split="day", train_files=["day_1"], val_files=["day_2"], test_files=["day_0"])
+        pp_config(
+            raw,
+            tmp_path / "b",
+            split="day",
+            train_files=["day_1"],
+            val_files=["day_2"],
+            test_files=["day_0"],
+        )
     )
     counts, by_split = ref_dataset(per_file, lambda ln: ["test", "train", "val"][ln.file])
     check_dataset(tmp_path / "b", m, counts, by_split)
@@ -147,7 +165,9 @@ def test_skip_policy_reports_lines(raw_small: Path, tmp_path: Path, capsys) -> N
     out = capsys.readouterr().out
     reports = [ln for ln in out.splitlines() if ln.startswith("preprocess: skipped /")]
     assert len(reports) == 3
-    assert reports[0].startswith(f"preprocess: skipped {(raw_small / 'day_0').resolve()}:2: non-integer")
+    assert reports[0].startswith(
+        f"preprocess: skipped {(raw_small / 'day_0').resolve()}:2: non-integer"
+    )
 
 
 def test_rerun_reuse_mismatch_overwrite(raw_small: Path, tmp_path: Path, capsys) -> None:
@@ -172,7 +192,9 @@ def test_rerun_reuse_mismatch_overwrite(raw_small: Path, tmp_path: Path, capsys)
     new = pp.preprocess(pp_config(raw_small, out, min_count=2, overwrite=True))
     assert new.min_count == 2 and Manifest.load(out) == new and new.table_sizes != first.table_sizes
     assert all((out / s).exists() for info in new.splits.values() for s in info.shards)
-    assert sorted(p.name for p in (out / "train").iterdir()) == sorted(Path(s).name for s in new.splits["train"].shards)
+    assert sorted(p.name for p in (out / "train").iterdir()) == sorted(
+        Path(s).name for s in new.splits["train"].shards
+    )
     _no_temp_files(out)
 
 

@@ -28,7 +28,10 @@ def test_deterministic_per_seed(tmp_path: Path) -> None:
     assert _bytes(a) == _bytes(b)
     assert _bytes(a)[0] != _bytes(c)[0] and _bytes(a)[1] != _bytes(c)[1]
     assert sorted(p.name for p in a.iterdir()) == ["day_0", "day_1", "oracle.json"]
-    assert [f["lines"] for f in json.loads((a / "oracle.json").read_text())["files"]] == [2000, 2000]
+    assert [f["lines"] for f in json.loads((a / "oracle.json").read_text())["files"]] == [
+        2000,
+        2000,
+    ]
 
 
 def test_gzip_output_is_deterministic_and_readable(tmp_path: Path) -> None:
@@ -62,7 +65,10 @@ def test_zipf_skew_and_hex_order(tmp_path: Path) -> None:
     assert top > 0.5  # the top 1% of seen ids take most accesses
     assert counts.iloc[0] > 20 * counts.iloc[len(counts) // 2]
     # Hex order is not popularity order.
-    assert not counts.index[:20].is_monotonic_increasing and not counts.index[:20].is_monotonic_decreasing
+    assert (
+        not counts.index[:20].is_monotonic_increasing
+        and not counts.index[:20].is_monotonic_decreasing
+    )
     # A flatter law is less skewed.
     flat = tiny_synth(tmp_path / "flat", **{**cfg, "zipf_alpha": 0.5})
     ids_flat = pd.Series([ln.ids[2] for ln in ref_parse([flat / "day_0"])[0][0]]).value_counts()
@@ -78,8 +84,16 @@ def test_oracle_record(tmp_path: Path) -> None:
     assert rec["table_sizes"] == table_sizes(SynthConfig())
     assert 200_000 < sum(rec["table_sizes"]) < 500_000  # kaggle preset x 0.01
     # A weaker planted model has a lower ceiling.
-    weak = synth(SynthConfig(output=str(tmp_path / "weak"), lines=20000, id_effect_scale=0.3,
-                             dense_scale=0.1, interaction_scale=0.0, progress=False))
+    weak = synth(
+        SynthConfig(
+            output=str(tmp_path / "weak"),
+            lines=20000,
+            id_effect_scale=0.3,
+            dense_scale=0.1,
+            interaction_scale=0.0,
+            progress=False,
+        )
+    )
     assert json.loads((weak / "oracle.json").read_text())["oracle_auc"] < rec["oracle_auc"] - 0.1
 
 
@@ -107,5 +121,9 @@ def test_config_errors(tmp_path: Path) -> None:
         tiny_synth(tmp_path, cardinalities="avazu")
     with pytest.raises(ValueError, match="26"):
         tiny_synth(tmp_path, cardinalities=[3, 4])
-    assert table_sizes(SynthConfig(cardinality_scale=1.0)) == table_sizes(SynthConfig(cardinality_scale=2.0))
-    assert min(table_sizes(SynthConfig())) == 3  # a preset table smaller than the floor keeps its size
+    assert table_sizes(SynthConfig(cardinality_scale=1.0)) == table_sizes(
+        SynthConfig(cardinality_scale=2.0)
+    )
+    assert (
+        min(table_sizes(SynthConfig())) == 3
+    )  # a preset table smaller than the floor keeps its size

@@ -43,10 +43,16 @@ def make_counts(tables, a: float = 1.1, total: float = 1e6) -> dict[str, np.ndar
     return {t.name: np.round(zipf_probs(t.num_rows, a) * total).astype(np.int64) for t in tables}
 
 
-def make_batch(rng, tables, batch_size: int, a: float = 1.1, multi_hot=MULTI_HOT) -> KeyedJaggedTensor:
+def make_batch(
+    rng, tables, batch_size: int, a: float = 1.1, multi_hot=MULTI_HOT
+) -> KeyedJaggedTensor:
     vals, lens = [], []
     for i, t in enumerate(tables):
-        n = rng.integers(0, 4, batch_size) if i in multi_hot else np.ones(batch_size, dtype=np.int64)
+        n = (
+            rng.integers(0, 4, batch_size)
+            if i in multi_hot
+            else np.ones(batch_size, dtype=np.int64)
+        )
         vals.append(rng.choice(t.num_rows, size=int(n.sum()), p=zipf_probs(t.num_rows, a)))
         lens.append(n)
     return KeyedJaggedTensor.from_lengths_sync(
@@ -83,8 +89,16 @@ def pair(tables, optim, seed=0, **cache_kw):
     return host, cache
 
 
-def run_training(host, cache, batches, lookahead: int, seed: int = 0, eval_every: int = 0, rng=None,
-                 before_step=None):
+def run_training(
+    host,
+    cache,
+    batches,
+    lookahead: int,
+    seed: int = 0,
+    eval_every: int = 0,
+    rng=None,
+    before_step=None,
+):
     """The trainer's loop on both backends: prefetch ``lookahead`` ahead, forward, loss, backward.
     ``before_step(i)`` runs before step ``i``'s forward, with the window prefetched (a checkpoint)."""
     g = torch.Generator().manual_seed(seed)
@@ -122,8 +136,15 @@ def test_training_matches_host(opt_name, policy, lookahead, row_map):
     tables = make_tables()
     optim = SparseOptim(opt_name, lr=0.1)
     counts = make_counts(tables) if policy == "freq" else None
-    host, cache = pair(tables, optim, cache_ratio=0.05, policy=policy, lookahead=lookahead, counts=counts,
-                       row_map=row_map)
+    host, cache = pair(
+        tables,
+        optim,
+        cache_ratio=0.05,
+        policy=policy,
+        lookahead=lookahead,
+        counts=counts,
+        row_map=row_map,
+    )
     assert cache.slots.row_map == row_map
     rng = np.random.default_rng(1)
     batches = [make_batch(rng, tables, 128) for _ in range(32)]
@@ -143,8 +164,12 @@ def test_sorted_row_map_keeps_no_per_row_state_with_the_cache():
     tables = make_tables([50_000, 30_000])
     kw = dict(device="cpu", cache_ratio=0.01, policy="lfu")
     cache = FreqCacheBackend(tables, SparseOptim("rowwise_adagrad"), row_map="sorted", **kw)
-    beside_slots = [v for obj in (cache.slots, cache.policy) for v in vars(obj).values()
-                    if isinstance(v, torch.Tensor) and v is not cache.store.observed]
+    beside_slots = [
+        v
+        for obj in (cache.slots, cache.policy)
+        for v in vars(obj).values()
+        if isinstance(v, torch.Tensor) and v is not cache.store.observed
+    ]
     beside_slots += [cache.mover.cache_w, cache.mover.cache_m]
     assert len(beside_slots) >= 8
     assert max(t.shape[0] for t in beside_slots) == cache.slots.num_slots == 800
@@ -178,7 +203,12 @@ def test_refresh_counts_and_learning_rate():
     tables = make_tables()
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     host, cache = pair(
-        tables, optim, cache_ratio=0.05, policy="freq", refresh_counts=True, counts=make_counts(tables)
+        tables,
+        optim,
+        cache_ratio=0.05,
+        policy="freq",
+        refresh_counts=True,
+        counts=make_counts(tables),
     )
     rng = np.random.default_rng(2)
     batches = [make_batch(rng, tables, 128) for _ in range(12)]
@@ -210,7 +240,13 @@ def test_flush_with_prefetched_batches_keeps_their_updates():
     rng = np.random.default_rng(12)
     batches = [make_batch(rng, tables, 128) for _ in range(24)]
     checkpoints = {5: cache.flush, 6: cache.export_tables, 13: cache.flush}
-    run_training(host, cache, batches, lookahead=3, before_step=lambda i: i in checkpoints and checkpoints[i]())
+    run_training(
+        host,
+        cache,
+        batches,
+        lookahead=3,
+        before_step=lambda i: i in checkpoints and checkpoints[i](),
+    )
     assert cache.stats()["evictions"] > 100
     assert_tables_equal(cache.export_tables(), host.export_tables())
 
@@ -219,10 +255,15 @@ def test_forward_takes_prefetched_batches_in_order_and_evaluation_never_takes_a_
     """FIFO by contract (meta tensors stand in for CUDA: nothing is compared but the shape): a
     training forward takes the oldest batch, an evaluation forward the oldest prefetched under
     no_grad (queued behind the training window), else it is ad hoc."""
+
     def kjt(stride=3):
-        return KeyedJaggedTensor(keys=["a", "b"], values=torch.empty(2 * stride, dtype=torch.int64, device="meta"),
-                                 lengths=torch.ones(2 * stride, dtype=torch.int64, device="meta"), stride=stride,
-                                 length_per_key=[stride, stride])
+        return KeyedJaggedTensor(
+            keys=["a", "b"],
+            values=torch.empty(2 * stride, dtype=torch.int64, device="meta"),
+            lengths=torch.ones(2 * stride, dtype=torch.int64, device="meta"),
+            stride=stride,
+            length_per_key=[stride, stride],
+        )
 
     from collections import deque
 
@@ -264,7 +305,9 @@ def test_batch_larger_than_cache_is_served_correctly(lookahead, row_map):
     tables = make_tables([400, 800, 300])
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     # 2% of 1500 rows = 31 slots, 15 dynamic: a 128-sample batch needs far more distinct rows.
-    host, cache = pair(tables, optim, cache_ratio=0.02, policy="lru", lookahead=lookahead, row_map=row_map)
+    host, cache = pair(
+        tables, optim, cache_ratio=0.02, policy="lru", lookahead=lookahead, row_map=row_map
+    )
     rng = np.random.default_rng(5)
     small = [make_batch(rng, tables, 2, multi_hot=set()) for _ in range(4)]
     big = [make_batch(rng, tables, 128, a=0.5) for _ in range(3)]
@@ -285,8 +328,14 @@ def test_window_too_large_is_deferred_not_crashed(row_map):
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     # 120 slots, 60 dynamic: one batch (~30-40 cold rows) fits, a window of 4 does not.
     host, cache = pair(
-        tables, optim, cache_ratio=0.02, policy="freq", lookahead=4, counts=make_counts(tables),
-        static_fraction=0.5, row_map=row_map,
+        tables,
+        optim,
+        cache_ratio=0.02,
+        policy="freq",
+        lookahead=4,
+        counts=make_counts(tables),
+        static_fraction=0.5,
+        row_map=row_map,
     )
     rng = np.random.default_rng(6)
     batches = [make_batch(rng, tables, 24, a=0.6, multi_hot=set()) for _ in range(16)]
@@ -324,7 +373,9 @@ def test_counts_must_match_tables():
     with pytest.raises(ValueError, match="C2.*199.*200"):
         FreqCacheBackend(tables, SparseOptim(), device="cpu", policy="freq", counts=counts)
     with pytest.raises(ValueError, match="C2"):
-        FreqCacheBackend(tables, SparseOptim(), device="cpu", policy="freq", counts={"C1": np.ones(100)})
+        FreqCacheBackend(
+            tables, SparseOptim(), device="cpu", policy="freq", counts={"C1": np.ones(100)}
+        )
 
 
 def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch():
@@ -376,7 +427,9 @@ def test_checkpoint_round_trip_with_host_backend():
 
     # host -> cache (rows already resident get the checkpoint's values too), then keep training
     sd_host = host.state_dict()
-    fresh = FreqCacheBackend(tables, optim, device="cpu", cache_ratio=0.05, counts=make_counts(tables))
+    fresh = FreqCacheBackend(
+        tables, optim, device="cpu", cache_ratio=0.05, counts=make_counts(tables)
+    )
     fresh.load_state_dict(sd_host)
     assert_tables_equal(fresh.export_tables(), host.export_tables(), rtol=0, atol=0)
     cache.load_state_dict(random_state(tables, optim, seed=9))  # resident rows replaced as well
@@ -414,8 +467,14 @@ def test_eval_only_forwards_write_nothing_back():
 def measured_hit_rate(policy, ratio, tables, batches, static_fraction=0.5, warmup=20):
     counts = make_counts(tables) if policy == "freq" else None
     cache = FreqCacheBackend(
-        tables, SparseOptim("sgd"), device="cpu", cache_ratio=ratio, policy=policy, counts=counts,
-        static_fraction=static_fraction, lookahead=1,
+        tables,
+        SparseOptim("sgd"),
+        device="cpu",
+        cache_ratio=ratio,
+        policy=policy,
+        counts=counts,
+        static_fraction=static_fraction,
+        lookahead=1,
     )
     with torch.no_grad():
         for i, b in enumerate(batches):
@@ -475,8 +534,6 @@ def test_predict_hit_rate():
         plan_table({"a": [1]}, [0.0])
 
 
-
-
 def test_deferred_batch_is_not_loaded_while_a_backward_is_pending():
     """The cache holds two of these batches but not three (disjoint rows, no static region).  At
     the window's tail no prefetch comes between one batch's backward and the next forward, so a
@@ -484,10 +541,14 @@ def test_deferred_batch_is_not_loaded_while_a_backward_is_pending():
     optimizer state) while that forward's backward is still pending."""
     tables = [TableSpec("C1", 1000, DIM)]
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
-    host, cache = pair(tables, optim, cache_ratio=0.25, policy="lru", lookahead=2, static_fraction=0.0)
+    host, cache = pair(
+        tables, optim, cache_ratio=0.25, policy="lru", lookahead=2, static_fraction=0.0
+    )
 
     def batch(lo):
-        return KeyedJaggedTensor.from_lengths_sync(["C1"], torch.arange(lo, lo + 100), torch.ones(100, dtype=torch.int64))
+        return KeyedJaggedTensor.from_lengths_sync(
+            ["C1"], torch.arange(lo, lo + 100), torch.ones(100, dtype=torch.int64)
+        )
 
     batches = [batch(0), batch(100), batch(200)]
     run_training(host, cache, batches, lookahead=2)
@@ -508,7 +569,9 @@ def test_backend_plan_and_sharding_planner_agree_on_slots(ratio):
     from_plan = plan_table(counts, [ratio], lookahead=0, batch_size=0)[0]["cache_rows"]
     placement = plan_placement(tables, 1, optim, float("inf"), ratio, counts)
     from_sharding = sum(placement.cache_rows.values())
-    expected = sum(min(n, max(1, math.ceil(Fraction(str(ratio)) * n))) for n in sizes)  # exact arithmetic
+    expected = sum(
+        min(n, max(1, math.ceil(Fraction(str(ratio)) * n))) for n in sizes
+    )  # exact arithmetic
     assert from_backend == from_plan == from_sharding == expected
 
 
@@ -520,11 +583,21 @@ def test_window_region_holds_the_lookahead_window(caplog):
     counts = make_counts(tables)
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     with caplog.at_level(logging.INFO, logger="dlrm_cache"):
-        host, cache = pair(tables, optim, cache_ratio=0.02, policy="freq", lookahead=4, counts=counts,
-                           static_fraction=0.5, batch_size=24)
+        host, cache = pair(
+            tables,
+            optim,
+            cache_ratio=0.02,
+            policy="freq",
+            lookahead=4,
+            counts=counts,
+            static_fraction=0.5,
+            batch_size=24,
+        )
     grown = [r for r in caplog.records if "window region sized to" in r.getMessage()]
     assert len(grown) == 1, caplog.records
-    layout = cache_layout([3000, 3000], 0.02, 0.5, list(counts.values()), lookahead=4, batch_size=24)
+    layout = cache_layout(
+        [3000, 3000], 0.02, 0.5, list(counts.values()), lookahead=4, batch_size=24
+    )
     assert layout.window_rows > 60 and layout.added_rows == layout.window_rows - 60
     rng = np.random.default_rng(6)
     batches = [make_batch(rng, tables, 24, a=1.1, multi_hot=set()) for _ in range(16)]
@@ -532,9 +605,14 @@ def test_window_region_holds_the_lookahead_window(caplog):
     s = cache.stats()
     assert (s["deferred_batches"], s["overflow_batches"]) == (0, 0), s
     assert s["cache_rows"] == layout.num_slots and s["static_rows"] == layout.num_static == 60
-    assert s["window_rows"] == layout.window_rows and s["window_needed_rows"] == layout.window_needed
+    assert (
+        s["window_rows"] == layout.window_rows and s["window_needed_rows"] == layout.window_needed
+    )
     slot_bytes = optim.row_bytes(tables[0].dim) + 37
-    assert s["static_bytes"] == 60 * slot_bytes and s["window_bytes"] == layout.window_rows * slot_bytes
+    assert (
+        s["static_bytes"] == 60 * slot_bytes
+        and s["window_bytes"] == layout.window_rows * slot_bytes
+    )
     assert s["cache_bytes"] == s["static_bytes"] + s["window_bytes"]
     assert_tables_equal(cache.export_tables(), host.export_tables())
 
@@ -556,12 +634,17 @@ def test_window_estimate_bounds_the_sampled_distinct_rows():
     assert seen.max() <= layout.window_needed
     # the margin is WINDOW_SIGMAS standard deviations over the mean, no more
     margin = layout.window_needed - seen.mean()
-    assert WINDOW_SIGMAS * seen.std() * 0.7 < margin < WINDOW_SIGMAS * seen.std() * 1.3 + 1, (margin, seen.std())
+    assert WINDOW_SIGMAS * seen.std() * 0.7 < margin < WINDOW_SIGMAS * seen.std() * 1.3 + 1, (
+        margin,
+        seen.std(),
+    )
 
 
 def test_no_counts_bound_and_no_sizing():
     # without counts the window bound is min(non-static rows, draws) per table
-    layout = cache_layout([1000, 10], 0.1, 0.5, None, global_static=False, lookahead=1, batch_size=100)
+    layout = cache_layout(
+        [1000, 10], 0.1, 0.5, None, global_static=False, lookahead=1, batch_size=100
+    )
     assert layout.static_rows.tolist() == [50, 0] and layout.window_needed == 200 + 10
     assert layout.num_slots == 50 + 210
     # batch_size 0: the window is what the ratio leaves
@@ -590,8 +673,16 @@ def test_one_host_read_per_batch(row_map):
     tables = make_tables([20000, 5000, 300, 8000])
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     with streams_override(CountingStreams):
-        host, cache = pair(tables, optim, cache_ratio=0.03, policy="freq", lookahead=2,
-                           counts=make_counts(tables), row_map=row_map, batch_size=256)
+        host, cache = pair(
+            tables,
+            optim,
+            cache_ratio=0.03,
+            policy="freq",
+            lookahead=2,
+            counts=make_counts(tables),
+            row_map=row_map,
+            batch_size=256,
+        )
     rng = np.random.default_rng(11)
     batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(12)]
     g = torch.Generator().manual_seed(0)
@@ -624,7 +715,9 @@ def test_one_host_read_per_batch(row_map):
     # the training thread reads nothing of the cache's; the planner reads each placement's sizes once
     assert cache_c.syncs - host_c.syncs == Counter()
     assert planner_syncs == Counter(tolist=prefetched)
-    assert planner_ops["sort"] + planner_ops["topk"] <= 3 * prefetched  # dedup, row-map re-sort, victims
+    assert (
+        planner_ops["sort"] + planner_ops["topk"] <= 3 * prefetched
+    )  # dedup, row-map re-sort, victims
     assert planner_ops["_unique2"] == planner_ops["nonzero"] == 0
     extra_ops = cache_c.total_ops + planner_ops.total() - host_c.total_ops
     assert extra_ops <= OPS_PER_BATCH[row_map] * prefetched, extra_ops / prefetched

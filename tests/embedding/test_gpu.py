@@ -9,13 +9,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_freq_cache import (
+    DIM,
+    assert_tables_equal,
+    make_batch,
+    make_counts,
+    make_tables,
+    random_state,
+)
 
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.direct import HbmBackend, UvmCacheBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
 from dlrm_cache.streams import streams_for
-
-from test_freq_cache import DIM, assert_tables_equal, make_batch, make_counts, make_tables, random_state
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,7 +64,9 @@ def train_steps(backend, batches, lookahead: int, seed: int = 0, flush_at=()) ->
     [
         # the normal path: streams, events, copies from the host-mapped store (checked on CPU:
         # these sizes neither defer nor overflow)
-        ("freq", 0, 128, 0.1, "normal"), ("freq", 2, 128, 0.1, "normal"), ("lru", 2, 128, 0.1, "normal"),
+        ("freq", 0, 128, 0.1, "normal"),
+        ("freq", 2, 128, 0.1, "normal"),
+        ("lru", 2, 128, 0.1, "normal"),
         # a window of 3 that does not always fit: some batches deferred, prepared after a retire
         ("lfu", 3, 128, 0.1, "deferred"),
         # every batch larger than the cache: the overflow path
@@ -70,8 +78,15 @@ def test_freq_cache_on_gpu_matches_hbm(policy, lookahead, batch, ratio, path):
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     state = random_state(tables, optim)
     hbm = HbmBackend(tables, optim, device="cuda")
-    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=ratio, policy=policy,
-                             lookahead=lookahead, counts=make_counts(tables) if policy == "freq" else None)
+    cache = FreqCacheBackend(
+        tables,
+        optim,
+        device="cuda",
+        cache_ratio=ratio,
+        policy=policy,
+        lookahead=lookahead,
+        counts=make_counts(tables) if policy == "freq" else None,
+    )
     assert cache.slots.row_map == "sorted" and cache.store.weight.is_cuda
     hbm.import_tables(state)
     cache.import_tables(state)
@@ -106,7 +121,6 @@ def test_uvm_cache_matches_hbm_and_reports_hits():
     assert_tables_equal(uvm.export_tables(), hbm.export_tables(), **GPU_TOL)
 
 
-
 def test_freq_cache_device_memory_scales_with_the_cache():
     """10M rows in host-mapped memory; the GPU holds the slots and ~30 B of bookkeeping per slot."""
     from dlrm_cache.embedding.base import TableSpec
@@ -131,7 +145,9 @@ def test_freq_cache_flush_with_prefetched_batches_on_gpu():
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     state = random_state(tables, optim)
     hbm = HbmBackend(tables, optim, device="cuda")
-    cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=0.1, policy="lru", lookahead=2)
+    cache = FreqCacheBackend(
+        tables, optim, device="cuda", cache_ratio=0.1, policy="lru", lookahead=2
+    )
     hbm.import_tables(state)
     cache.import_tables(state)
     rng = np.random.default_rng(3)

@@ -20,11 +20,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
     return [
-        f"data.path={data}", f"run_dir={run_dir}", "device=cpu", "progress=false",
+        f"data.path={data}",
+        f"run_dir={run_dir}",
+        "device=cpu",
+        "progress=false",
         # 2000 validation rows in batches of 1999: the last batch has 1 row, so one rank gets none
-        "data.batch_size=128", "data.eval_batch_size=1999", "model.embedding_dim=8",
-        "model.bottom_mlp=[16]", "model.top_mlp=[16]", "log_every=5", "data.shuffle=true",
-        "optim.sparse.lr=0.1", "optim.dense.name=sgd", "optim.dense.lr=0.1", *extra,
+        "data.batch_size=128",
+        "data.eval_batch_size=1999",
+        "model.embedding_dim=8",
+        "model.bottom_mlp=[16]",
+        "model.top_mlp=[16]",
+        "log_every=5",
+        "data.shuffle=true",
+        "optim.sparse.lr=0.1",
+        "optim.dense.name=sgd",
+        "optim.dense.lr=0.1",
+        *extra,
     ]
 
 
@@ -45,11 +56,21 @@ def _train_entry(overrides: list[str], per_rank: dict[int, list[str]]):
         return f"ValueError: {e}"
 
 
-def launch(nproc: int, overrides: list[str], per_rank: dict[int, list[str]] | None = None,
-           expect_ok: bool = True):
+def launch(
+    nproc: int,
+    overrides: list[str],
+    per_rank: dict[int, list[str]] | None = None,
+    expect_ok: bool = True,
+):
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
         start_method="spawn",
     )
     out = elastic_launch(config, _train_entry)(overrides, per_rank or {})
@@ -89,7 +110,10 @@ def test_two_ranks_match_one_rank(small_dataset: Path, tmp_path: Path, row_wise:
     steps = ["max_steps=20"] + (["shard_rows_above=100"] if row_wise else [])
     one = run_single(_overrides(small_dataset, tmp_path / "one", steps))
     two = launch(2, _overrides(small_dataset, tmp_path / "two", steps))
-    a, b = _state(tmp_path / "one/checkpoints/step_00000020"), _state(tmp_path / "two/checkpoints/step_00000020")
+    a, b = (
+        _state(tmp_path / "one/checkpoints/step_00000020"),
+        _state(tmp_path / "two/checkpoints/step_00000020"),
+    )
     assert a.keys() == b.keys() and any(k.startswith("C") for k in a)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
@@ -104,24 +128,36 @@ def test_two_ranks_match_one_rank(small_dataset: Path, tmp_path: Path, row_wise:
 def test_two_rank_checkpoint_resumes_on_one_rank(small_dataset: Path, tmp_path: Path):
     """Written by 2 ranks with row-wise shards, reassembled into whole tables by 1 rank."""
     launch(2, _overrides(small_dataset, tmp_path / "two", ["max_steps=10", "shard_rows_above=100"]))
-    run_single(_overrides(small_dataset, tmp_path / "one", ["max_steps=20", f"resume={tmp_path / 'two'}"]))
+    run_single(
+        _overrides(small_dataset, tmp_path / "one", ["max_steps=20", f"resume={tmp_path / 'two'}"])
+    )
     straight = run_single(_overrides(small_dataset, tmp_path / "straight", ["max_steps=20"]))
-    a, b = _state(tmp_path / "one/checkpoints/step_00000020"), _state(tmp_path / "straight/checkpoints/step_00000020")
+    a, b = (
+        _state(tmp_path / "one/checkpoints/step_00000020"),
+        _state(tmp_path / "straight/checkpoints/step_00000020"),
+    )
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     assert straight[0]["steps"] == 20
 
 
 def test_mismatched_configs_fail_fast(small_dataset: Path, tmp_path: Path):
-    out = launch(2, _overrides(small_dataset, tmp_path / "r", ["max_steps=2"]), {1: ["optim.sparse.lr=0.2"]},
-                 expect_ok=False)
+    out = launch(
+        2,
+        _overrides(small_dataset, tmp_path / "r", ["max_steps=2"]),
+        {1: ["optim.sparse.lr=0.2"]},
+        expect_ok=False,
+    )
     for rank in (0, 1):
         assert "different configs: optim.sparse.lr=0.1 on rank 0 but 0.2 on rank 1" in out[rank]
 
 
 def test_too_little_host_memory_fails_fast(small_dataset: Path, tmp_path: Path):
-    out = launch(2, _overrides(small_dataset, tmp_path / "r", ["max_steps=2", "host_memory_gb=0.00001"]),
-                 expect_ok=False)
+    out = launch(
+        2,
+        _overrides(small_dataset, tmp_path / "r", ["max_steps=2", "host_memory_gb=0.00001"]),
+        expect_ok=False,
+    )
     for rank in (0, 1):
         assert "2 rank(s) cannot hold the tables: they need" in out[rank], out[rank]
 
@@ -129,9 +165,22 @@ def test_too_little_host_memory_fails_fast(small_dataset: Path, tmp_path: Path):
 def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
     """The real launcher and console entry: one run directory, one metrics file, rank 0 prints."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "dlrm_cache", "train",
-           *[o for o in _overrides(small_dataset, tmp_path, ["max_steps=6"]) if not o.startswith("run_dir=")]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "dlrm_cache",
+        "train",
+        *[
+            o
+            for o in _overrides(small_dataset, tmp_path, ["max_steps=6"])
+            if not o.startswith("run_dir=")
+        ],
+    ]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     runs = [p.parent for p in (tmp_path / "runs" / "train").rglob("metrics.jsonl")]
@@ -146,12 +195,25 @@ def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, t
     """Each rank keeps its tables behind its own cache; the model is still the uncached one."""
     steps = ["max_steps=12"]
     run_single(_overrides(processed_synth, tmp_path / "host", steps))
-    out = launch(2, _overrides(processed_synth, tmp_path / "cache", steps + [
-        "embedding=freq_cache", "embedding.cache_ratio=0.05", "embedding.lookahead=2",
-        "shard_rows_above=50"]))
-    a, b = _state(tmp_path / "host/checkpoints/step_00000012"), _state(tmp_path / "cache/checkpoints/step_00000012")
+    out = launch(
+        2,
+        _overrides(
+            processed_synth,
+            tmp_path / "cache",
+            steps
+            + [
+                "embedding=freq_cache",
+                "embedding.cache_ratio=0.05",
+                "embedding.lookahead=2",
+                "shard_rows_above=50",
+            ],
+        ),
+    )
+    a, b = (
+        _state(tmp_path / "host/checkpoints/step_00000012"),
+        _state(tmp_path / "cache/checkpoints/step_00000012"),
+    )
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     assert out[0]["embedding_rows_loaded"] > 0 and 0 < out[0]["embedding_hit_rate"] < 1
-

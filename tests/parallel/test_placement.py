@@ -31,7 +31,9 @@ def test_load_balance_uses_frequency_stats():
     flat = np.ones(1000)  # every row equally hot: a 5% cache misses 95%
     skewed = np.sort(rng.pareto(0.5, 1000))[::-1] + 1  # a few rows take almost all accesses
     counts = {"C1": flat, "C2": flat, "C3": skewed, "C4": skewed}
-    p = plan_placement(tables, world=2, optim=OPT, host_budget_bytes=1e9, cache_ratio=0.05, counts=counts)
+    p = plan_placement(
+        tables, world=2, optim=OPT, host_budget_bytes=1e9, cache_ratio=0.05, counts=counts
+    )
     owner = {s.table: s.rank for s in p.shards}
     assert owner["C1"] != owner["C2"]
     assert p.hit_rate["C3"] > 0.5 > p.hit_rate["C1"]

@@ -264,8 +264,17 @@ class RecordingStreams(Streams):
             after = max(host.get(c, 0), self.step_mark)
             waits = clock.get(c, 0) - after
             if self._allowed is None and not _fbgemm_host_counter():
-                self.reads.append(Read(threading.current_thread().name, stream.name, kind,
-                                       max(waits, 0), self.step_mark, self.steps, _caller()))
+                self.reads.append(
+                    Read(
+                        threading.current_thread().name,
+                        stream.name,
+                        kind,
+                        max(waits, 0),
+                        self.step_mark,
+                        self.steps,
+                        _caller(),
+                    )
+                )
             _merge(host, clock)
 
     def _issue(self, stream: FakeStream) -> Clock:
@@ -296,8 +305,10 @@ class RecordingStreams(Streams):
         writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         if not writes and any(r.alias_info is not None for r in schema.returns):
             return  # a view: no memory is touched
-        named = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
-                 for i, a in enumerate(schema.arguments)}
+        named = {
+            a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+            for i, a in enumerate(schema.arguments)
+        }
         rows_of = self._row_rule(func, named)
         for a in schema.arguments:
             write = a.alias_info is not None and a.alias_info.is_write
@@ -353,19 +364,29 @@ class RecordingStreams(Streams):
                 continue
             self.unrecorded.append(
                 f"{alloc.name} made on {self._streams[alloc.stream]}, used on {self._streams[s]} "
-                "without record_stream or a host synchronization before it was freed")
+                "without record_stream or a host synchronization before it was freed"
+            )
             alloc.uses.clear()
             return
         alloc.uses.clear()
 
-    def _access(self, t: torch.Tensor, stream: FakeStream, clock: Clock, write: bool,
-                rows: np.ndarray | None, func) -> None:
+    def _access(
+        self,
+        t: torch.Tensor,
+        stream: FakeStream,
+        clock: Clock,
+        write: bool,
+        rows: np.ndarray | None,
+        func,
+    ) -> None:
         key = _key(t)
         if key == 0:
             return
         if key in self._rows:
             offset, row = self._rows[key]
-            if rows is not None and (t.storage_offset() != offset or (t.dim() > 1 and t.stride(0) != row)):
+            if rows is not None and (
+                t.storage_offset() != offset or (t.dim() > 1 and t.stride(0) != row)
+            ):
                 rows = None
         else:
             rows = None
@@ -379,11 +400,16 @@ class RecordingStreams(Streams):
                 continue
             if clock.get(prev.stream, 0) >= prev.tick:
                 continue
-            if rows is not None and prev.rows is not None and not np.intersect1d(rows, prev.rows).size:
+            if (
+                rows is not None
+                and prev.rows is not None
+                and not np.intersect1d(rows, prev.rows).size
+            ):
                 continue
             self.races.append(
                 f"{prev.op} on {self._streams[prev.stream]} ({'write' if prev.write else 'read'}) and "
-                f"{func} on {stream} ({'write' if write else 'read'}) touch the same memory unordered")
+                f"{func} on {stream} ({'write' if write else 'read'}) touch the same memory unordered"
+            )
             break
         history.append(_Access(stream.index, tick, rows, write, str(func)))
         if len(history) > 64:

@@ -49,17 +49,21 @@ def _allowed(fn, why: str):
 
 
 # what the recorded runs wrap: (class, attribute, wrapper)
-_WRAPS = [(FreqCacheBackend, "__init__", _tracked),
-          (metrics.EvalMetrics, "compute", lambda f: _allowed(f, "metrics")),
-          (build.TrainingRun, "checkpoint", lambda f: _allowed(f, "checkpoint"))]
+_WRAPS = [
+    (FreqCacheBackend, "__init__", _tracked),
+    (metrics.EvalMetrics, "compute", lambda f: _allowed(f, "metrics")),
+    (build.TrainingRun, "checkpoint", lambda f: _allowed(f, "checkpoint")),
+]
 
 
 def _record_training(monkeypatch, data: Path, run_dir: Path, overrides: list[str]):
     """Train under the recorder; returns it (closed) and the run's summary."""
     for cls, name, wrap in _WRAPS:
         monkeypatch.setattr(cls, name, wrap(getattr(cls, name)))
-    cfg = compose_train(base_overrides(data, run_dir) + [
-        "embedding=freq_cache", f"max_steps={STEPS}", f"log_every={STEPS}", *overrides])
+    cfg = compose_train(
+        base_overrides(data, run_dir)
+        + ["embedding=freq_cache", f"max_steps={STEPS}", f"log_every={STEPS}", *overrides]
+    )
     with streams_override(RecordingStreams):
         rec = streams_for("cpu")
         with rec.activate():
@@ -72,19 +76,38 @@ def steady(rec: RecordingStreams):
     return [r for r in rec.drains() if "train/loop.py" not in r.where]
 
 
-@pytest.mark.parametrize("lookahead,ratio,batch", [(1, 0.05, 128), (2, 0.05, 128), (2, 0.1, 0)],
-                         ids=["lookahead1", "lookahead2", "deferred"])
-def test_no_step_waits_for_the_cache(monkeypatch, processed_synth, tmp_path, lookahead, ratio, batch):
-    rec, summary = _record_training(monkeypatch, processed_synth, tmp_path / "run", [
-        f"embedding.lookahead={lookahead}", f"embedding.cache_ratio={ratio}",
-        f"embedding.batch_size={batch}", "eval_every=5", "eval_batches=2", "data.eval_batch_size=128", "checkpoint_every=7"])
+@pytest.mark.parametrize(
+    "lookahead,ratio,batch",
+    [(1, 0.05, 128), (2, 0.05, 128), (2, 0.1, 0)],
+    ids=["lookahead1", "lookahead2", "deferred"],
+)
+def test_no_step_waits_for_the_cache(
+    monkeypatch, processed_synth, tmp_path, lookahead, ratio, batch
+):
+    rec, summary = _record_training(
+        monkeypatch,
+        processed_synth,
+        tmp_path / "run",
+        [
+            f"embedding.lookahead={lookahead}",
+            f"embedding.cache_ratio={ratio}",
+            f"embedding.batch_size={batch}",
+            "eval_every=5",
+            "eval_batches=2",
+            "data.eval_batch_size=128",
+            "checkpoint_every=7",
+        ],
+    )
     assert summary["steps"] == STEPS
     if batch == 0:  # the window is not sized for the batches: some wait for space
         assert summary["embedding_deferred_batches"] > 0, summary
     assert summary["embedding_overflow_batches"] == 0, summary  # a documented slow path: it drains
     drained = steady(rec)
-    assert not drained, "\n".join(f"{r.thread} {r.kind} on {r.stream} at {r.where}: waits for "
-                                  f"{r.waits_for} compute ops of the step" for r in drained[:10])
+    assert not drained, "\n".join(
+        f"{r.thread} {r.kind} on {r.stream} at {r.where}: waits for "
+        f"{r.waits_for} compute ops of the step"
+        for r in drained[:10]
+    )
     assert not rec.races, "\n".join(rec.races[:10])
     assert not rec.unrecorded, "\n".join(rec.unrecorded[:10])
     assert rec.ops > 3_000 and rec.steps >= STEPS  # the whole loop ran under the recorder
@@ -105,10 +128,17 @@ def _recorded_rank(overrides: list[str]) -> dict:
         rec = streams_for("cpu")
         with rec.activate():
             summary = train(cfg)
-    return {"steps": summary["steps"], "recorded_steps": rec.steps, "ops": rec.ops,
-            "drains": [f"{r.thread} {r.kind} on {r.stream} at {r.where}: {r.waits_for} ops"
-                       for r in steady(rec)],
-            "races": rec.races[:10], "unrecorded": rec.unrecorded[:10]}
+    return {
+        "steps": summary["steps"],
+        "recorded_steps": rec.steps,
+        "ops": rec.ops,
+        "drains": [
+            f"{r.thread} {r.kind} on {r.stream} at {r.where}: {r.waits_for} ops"
+            for r in steady(rec)
+        ],
+        "races": rec.races[:10],
+        "unrecorded": rec.unrecorded[:10],
+    }
 
 
 def test_no_step_waits_for_the_cache_sharded_over_two_gloo_ranks(processed_synth, tmp_path):
@@ -118,13 +148,28 @@ def test_no_step_waits_for_the_cache_sharded_over_two_gloo_ranks(processed_synth
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.1, start_method="spawn")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
     overrides = base_overrides(processed_synth, tmp_path / "run") + [
-        "embedding=freq_cache", f"max_steps={STEPS}", f"log_every={STEPS}", "embedding.lookahead=2",
-        "embedding.cache_ratio=0.05", "eval_every=5", "eval_batches=2", "data.eval_batch_size=128",
-        "checkpoint_every=7"]
+        "embedding=freq_cache",
+        f"max_steps={STEPS}",
+        f"log_every={STEPS}",
+        "embedding.lookahead=2",
+        "embedding.cache_ratio=0.05",
+        "eval_every=5",
+        "eval_batches=2",
+        "data.eval_batch_size=128",
+        "checkpoint_every=7",
+    ]
     out = elastic_launch(config, _recorded_rank)(overrides)
     for rank, found in out.items():
         assert found["steps"] == STEPS and found["recorded_steps"] >= STEPS, (rank, found)

@@ -14,12 +14,16 @@ def kernel(stream: int, ts: float, dur: float) -> dict:
 
 
 def test_overlap_with_the_compute_stream_and_its_gaps():
-    trace = {"traceEvents": [
-        kernel(7, 0, 100), kernel(7, 150, 100), kernel(7, 400, 100),  # compute: 300 us of kernels
-        kernel(21, 50, 70),  # plan: 50 of its 70 us beside compute
-        kernel(25, 260, 100),  # copy: between compute kernels (a drain would look like this)
-        {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1000, "tid": 1},  # not a GPU event
-    ]}
+    trace = {
+        "traceEvents": [
+            kernel(7, 0, 100),
+            kernel(7, 150, 100),
+            kernel(7, 400, 100),  # compute: 300 us of kernels
+            kernel(21, 50, 70),  # plan: 50 of its 70 us beside compute
+            kernel(25, 260, 100),  # copy: between compute kernels (a drain would look like this)
+            {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1000, "tid": 1},  # not a GPU event
+        ]
+    }
     s = summarize(trace)
     assert s["compute_stream"] == "7"
     assert s["streams"]["7"] == {"kernels": 3, "kernel_ms": 0.3}

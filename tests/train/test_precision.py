@@ -31,17 +31,30 @@ from dlrm_cache.train.optim import dense_optimizer
 from dlrm_cache.train.pipeline import Pipeline
 from dlrm_cache.train.step import set_matmul_precision
 
-SETTINGS = [("fp32", False), ("tf32", False), ("bf16", False), ("fp32", True), ("tf32", True), ("bf16", True)]
+SETTINGS = [
+    ("fp32", False),
+    ("tf32", False),
+    ("bf16", False),
+    ("fp32", True),
+    ("tf32", True),
+    ("bf16", True),
+]
 
 
 @pytest.fixture(scope="module")
-def runs(shared_small_dataset, tmp_path_factory) -> dict[tuple[str, bool], tuple[dict, dict[str, torch.Tensor]]]:
+def runs(
+    shared_small_dataset, tmp_path_factory
+) -> dict[tuple[str, bool], tuple[dict, dict[str, torch.Tensor]]]:
     root, data = tmp_path_factory.mktemp("precision"), shared_small_dataset
     out = {}
     for precision, compiled in SETTINGS:
         run = root / f"{precision}-{compiled}"
-        summary = train(compose_train(base_overrides(data, run) + [
-            "epochs=2", f"precision={precision}", f"compile={str(compiled).lower()}"]))
+        summary = train(
+            compose_train(
+                base_overrides(data, run)
+                + ["epochs=2", f"precision={precision}", f"compile={str(compiled).lower()}"]
+            )
+        )
         out[(precision, compiled)] = summary, _params(find_checkpoint(str(run)))
     return out
 
@@ -76,9 +89,14 @@ def test_compiled_fp32_matches_eager_fp32_within_summation_order(runs):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_bf16_trains_to_fp32s_accuracy(runs, compiled):
     ref, got = runs[("fp32", False)][0], runs[("bf16", compiled)][0]
-    assert ref["val_auc"] > 0.8  # the planted signal is learnt: the comparison is not between two coin flips
+    assert (
+        ref["val_auc"] > 0.8
+    )  # the planted signal is learnt: the comparison is not between two coin flips
     assert abs(got["val_auc"] - ref["val_auc"]) < 0.001, (got["val_auc"], ref["val_auc"])
-    assert abs(got["val_logloss"] - ref["val_logloss"]) < 0.005, (got["val_logloss"], ref["val_logloss"])
+    assert abs(got["val_logloss"] - ref["val_logloss"]) < 0.005, (
+        got["val_logloss"],
+        ref["val_logloss"],
+    )
     # weights and optimizer state stay fp32 (master weights); only the arithmetic is bf16 ...
     params, ref_params = runs[("bf16", compiled)][1], runs[("fp32", False)][1]
     assert {t.dtype for t in params.values()} == {torch.float32}
@@ -106,19 +124,27 @@ def test_gpu_training_step_never_synchronises_the_host(backend, precision, compi
         emb = FreqCacheBackend(tables, optim, device, cache_ratio=0.5, counts=counts, lookahead=2)
     model = DLRM(emb, 13, 16, [32], [32], device=device, precision=precision, compile=compiled)
     set_matmul_precision(precision, device)
-    assert torch.get_float32_matmul_precision() == ("highest" if precision is Precision.fp32 else "high")
+    assert torch.get_float32_matmul_precision() == (
+        "highest" if precision is Precision.fp32 else "high"
+    )
     opt = dense_optimizer("adagrad", model.dense_parameters(), device, 0.05)
     rng = np.random.default_rng(0)
     layout = OneIdPerSample([t.name for t in tables])
-    batches = [layout.batch(torch.from_numpy(rng.random((256, 13), dtype=np.float32)).pin_memory(),
-                            torch.from_numpy(rng.integers(0, 1000, (4, 256), dtype=np.int32)).pin_memory(),
-                            torch.from_numpy((rng.random(256) < 0.3).astype(np.float32)).pin_memory())
-               for _ in range(6)]
+    batches = [
+        layout.batch(
+            torch.from_numpy(rng.random((256, 13), dtype=np.float32)).pin_memory(),
+            torch.from_numpy(rng.integers(0, 1000, (4, 256), dtype=np.int32)).pin_memory(),
+            torch.from_numpy((rng.random(256) < 0.3).astype(np.float32)).pin_memory(),
+        )
+        for _ in range(6)
+    ]
     with Pipeline(iter(batches), device, emb) as pipeline:
         for i, b in enumerate(pipeline):
             torch.cuda.set_sync_debug_mode("error" if i >= 2 else "default")
             try:
-                model.embeddings.set_learning_rate(0.1)  # the trainer's schedule sets both rates every step
+                model.embeddings.set_learning_rate(
+                    0.1
+                )  # the trainer's schedule sets both rates every step
                 for group in opt.param_groups:
                     group["lr"] = 0.05
                 loss = F.binary_cross_entropy_with_logits(model(b.dense, b.sparse), b.labels)

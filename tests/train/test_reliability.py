@@ -35,12 +35,24 @@ _FS_CALLS = ("mkdir", "fsync", "rename", "replace", "unlink", "rmdir")
 def _compose(data: Path, extra: list[str]) -> DictConfig:
     from test_train import compose_train
 
-    return compose_train([
-        f"data.path={data}", "run_dir=unset", "device=cpu", "progress=false",
-        "data.batch_size=128", "data.eval_batch_size=1000", "model.embedding_dim=8",
-        "model.bottom_mlp=[16]", "model.top_mlp=[16]", "log_every=2", "checkpoint_every=2",
-        "optim.sparse.lr=0.1", "optim.dense.lr=0.05", *extra,
-    ])
+    return compose_train(
+        [
+            f"data.path={data}",
+            "run_dir=unset",
+            "device=cpu",
+            "progress=false",
+            "data.batch_size=128",
+            "data.eval_batch_size=1000",
+            "model.embedding_dim=8",
+            "model.bottom_mlp=[16]",
+            "model.top_mlp=[16]",
+            "log_every=2",
+            "checkpoint_every=2",
+            "optim.sparse.lr=0.1",
+            "optim.dense.lr=0.05",
+            *extra,
+        ]
+    )
 
 
 def at(cfg: DictConfig, run_dir: Path, resume: Path | None = None) -> DictConfig:
@@ -50,8 +62,13 @@ def at(cfg: DictConfig, run_dir: Path, resume: Path | None = None) -> DictConfig
     return out
 
 
-def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_to: str | None,
-           full_at: int | None = None) -> None:
+def _child(
+    cfg: DictConfig,
+    stderr: str,
+    kill_at: tuple[int, int] | None,
+    count_to: str | None,
+    full_at: int | None = None,
+) -> None:
     """Train as ``cfg`` says in this process; ``kill_at=(save, op)``: SIGKILL just before the
     op-th file-system call of the save-th checkpoint save (both from 0); ``count_to``: write how
     many such calls each save made; ``full_at``: from the start of that save on, the kernel
@@ -77,7 +94,9 @@ def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_
                 return real_save(*a, **k)
             finally:
                 inside[0] = False
-                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+                resource.setrlimit(
+                    resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+                )
                 if count_to:
                     Path(count_to).write_text(json.dumps(counts))
 
@@ -99,11 +118,19 @@ def _child(cfg: DictConfig, stderr: str, kill_at: tuple[int, int] | None, count_
     loop.train(cfg)
 
 
-def run(cfg: DictConfig, tmp: Path, kill_at=None, kill_after: float | None = None,
-        count_to: Path | None = None, full_at: int | None = None) -> tuple[int, str]:
+def run(
+    cfg: DictConfig,
+    tmp: Path,
+    kill_at=None,
+    kill_after: float | None = None,
+    count_to: Path | None = None,
+    full_at: int | None = None,
+) -> tuple[int, str]:
     """(exit code, stderr) of a training child; -9 when it was killed."""
     err = tmp / f"stderr-{time.monotonic_ns()}"
-    p = _CTX.Process(target=_child, args=(cfg, str(err), kill_at, str(count_to) if count_to else None, full_at))
+    p = _CTX.Process(
+        target=_child, args=(cfg, str(err), kill_at, str(count_to) if count_to else None, full_at)
+    )
     p.start()
     p.join(kill_after)
     if p.is_alive():
@@ -124,7 +151,9 @@ def log(run_dir: Path) -> list[tuple]:
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["kind"] in ("train", "checkpoint", "eval"):
-            out.append((r["kind"], r["step"], r.get("loss"), r.get("auc"), Path(r.get("path", "")).name))
+            out.append(
+                (r["kind"], r["step"], r.get("loss"), r.get("auc"), Path(r.get("path", "")).name)
+            )
     return out
 
 
@@ -138,7 +167,9 @@ def straight(tmp_path_factory, dataset_writer) -> tuple[DictConfig, Path, float]
     tmp = tmp_path_factory.mktemp("reliability")
     dataset_writer(tmp / "ds", {"train": 6000, "val": 1000}, [50, 200, 1000, 30, 500])
     cfg = _compose(tmp / "ds", ["max_steps=12"])
-    code, err = run(at(cfg, tmp / "warm-up"), tmp)  # starts the forkserver: not part of the wall time
+    code, err = run(
+        at(cfg, tmp / "warm-up"), tmp
+    )  # starts the forkserver: not part of the wall time
     assert code == 0, err
     t0 = time.perf_counter()
     code, err = run(at(cfg, tmp / "straight"), tmp)
@@ -152,7 +183,9 @@ def test_kill_at_every_point_of_replacing_a_checkpoint_keeps_one(straight, tmp_p
     cfg, base, _ = straight
     want = params(base / "checkpoints" / "step_00000012")
     shutil.copytree(base, tmp_path / "count")
-    code, err = run(at(cfg, tmp_path / "count", tmp_path / "count"), tmp_path, count_to=tmp_path / "ops")
+    code, err = run(
+        at(cfg, tmp_path / "count", tmp_path / "count"), tmp_path, count_to=tmp_path / "ops"
+    )
     assert code == 0, err
     (n,) = json.loads((tmp_path / "ops").read_text())
     assert n >= 6  # mkdir, fsyncs, the renames, the old directory's removal
@@ -213,7 +246,9 @@ def test_kill_at_a_random_time_then_resume_is_bit_identical(straight, tmp_path: 
 
 
 def _complete_steps(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in run_dir.glob("checkpoints/*step_*") if (p / "meta.json").is_file())
+    return sorted(
+        p.name for p in run_dir.glob("checkpoints/*step_*") if (p / "meta.json").is_file()
+    )
 
 
 # --------------------------------------------------------------------------- hostile and damaged input
@@ -261,7 +296,12 @@ def _truncate(name: str, keep_size_record: bool = True):
             meta = json.loads((ckpt / "meta.json").read_text())
             meta.pop("files", None)
             (ckpt / "meta.json").write_text(json.dumps(meta))
-        return f"{name}: " if keep_size_record else "meta.json: not a dlrm-cache checkpoint's meta.json (no 'files')"
+        return (
+            f"{name}: "
+            if keep_size_record
+            else "meta.json: not a dlrm-cache checkpoint's meta.json (no 'files')"
+        )
+
     return damage
 
 
@@ -281,14 +321,18 @@ DAMAGE = {
     "crafted tables file": _crafted_tables,
     "truncated tables file": _truncate("tables-rank0.pt"),
     "truncated dense.pt": _truncate("dense.pt"),
-    "truncated tables file, no sizes recorded": _truncate("tables-rank0.pt", keep_size_record=False),
+    "truncated tables file, no sizes recorded": _truncate(
+        "tables-rank0.pt", keep_size_record=False
+    ),
     "garbage meta.json": _garbage_meta,
     "missing tables file": _missing_tables,
 }
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_crafted_or_damaged_checkpoint_is_refused_before_anything_runs(straight, tmp_path: Path, case: str):
+def test_crafted_or_damaged_checkpoint_is_refused_before_anything_runs(
+    straight, tmp_path: Path, case: str
+):
     """One line naming the file, no payload run, nothing written by the refused run."""
     from dlrm_cache.train.loop import train
 
@@ -313,15 +357,27 @@ def test_cli_refuses_a_crafted_checkpoint_in_one_line(straight, tmp_path: Path):
     marker = tmp_path / "payload-ran"
     _crafted_torch_dense(src / "checkpoints" / "step_00000012", marker)
     err = tmp_path / "stderr"
-    args = ["train", f"data.path={cfg.data.path}", f"hydra.run.dir={tmp_path / 'new'}", "device=cpu",
-            "model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]", "data.batch_size=128",
-            f"resume={src}"]
+    args = [
+        "train",
+        f"data.path={cfg.data.path}",
+        f"hydra.run.dir={tmp_path / 'new'}",
+        "device=cpu",
+        "model.embedding_dim=8",
+        "model.bottom_mlp=[16]",
+        "model.top_mlp=[16]",
+        "data.batch_size=128",
+        f"resume={src}",
+    ]
     p = _CTX.Process(target=_cli_child, args=(args, str(err)))
     p.start()
     p.join()
     lines = err.read_text().splitlines()
     assert p.exitcode == 1
-    assert len(lines) == 1 and lines[0].startswith("dlrm-cache train: error: ") and "dense.pt: refused" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("dlrm-cache train: error: ")
+        and "dense.pt: refused" in lines[0]
+    )
     assert not marker.exists()
 
 
@@ -336,8 +392,12 @@ def test_resume_from_a_directory_without_checkpoint(straight, tmp_path: Path):
     from dlrm_cache.train.loop import train
 
     cfg, _, _ = straight
-    (tmp_path / "empty" / "checkpoints" / ".step_00000004.tmp").mkdir(parents=True)  # a killed first save
-    with pytest.raises(FileNotFoundError, match=f"resume={tmp_path / 'empty'}: no checkpoint there"):
+    (tmp_path / "empty" / "checkpoints" / ".step_00000004.tmp").mkdir(
+        parents=True
+    )  # a killed first save
+    with pytest.raises(
+        FileNotFoundError, match=f"resume={tmp_path / 'empty'}: no checkpoint there"
+    ):
         train(at(cfg, tmp_path / "new", tmp_path / "empty"))
 
 
@@ -349,25 +409,36 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path
     code, err = run(at(cfg, d), tmp_path, full_at=1)
     assert code == 1
     last = err.strip().splitlines()[-1]
-    assert last.startswith("dlrm_cache.data.format.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
-                           "the earlier checkpoints are intact"), last
+    assert last.startswith(
+        "dlrm_cache.data.format.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
+        "the earlier checkpoints are intact"
+    ), last
     assert str(d / "checkpoints") in last
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000002"]
     code, err = run(at(cfg, d, d), tmp_path)
     assert code == 0, err
-    assert_same(params(base / "checkpoints" / "step_00000012"), params(d / "checkpoints" / "step_00000012"))
+    assert_same(
+        params(base / "checkpoints" / "step_00000012"), params(d / "checkpoints" / "step_00000012")
+    )
     assert log(d) == log(base)
 
 
 # --------------------------------------------------------------------------- resumes that do not fit
-@pytest.mark.parametrize("change, named", [
-    (["model.embedding_dim=16"], ["model.embedding_dim=8 (now 16)"]),
-    (["optim.sparse.name=sgd"], ["optim.sparse.name='rowwise_adagrad' (now 'sgd')"]),
-    (["optim.dense.name=adam", "model.top_mlp=[32]"],
-     ["model.top_mlp=[16] (now [32])", "optim.dense.name='adagrad' (now 'adam')"]),
-    (["data.batch_size=64"], ["data.batch_size=128 (now 64)"]),
-])
-def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(straight, tmp_path, change, named):
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (["model.embedding_dim=16"], ["model.embedding_dim=8 (now 16)"]),
+        (["optim.sparse.name=sgd"], ["optim.sparse.name='rowwise_adagrad' (now 'sgd')"]),
+        (
+            ["optim.dense.name=adam", "model.top_mlp=[32]"],
+            ["model.top_mlp=[16] (now [32])", "optim.dense.name='adagrad' (now 'adam')"],
+        ),
+        (["data.batch_size=64"], ["data.batch_size=128 (now 64)"]),
+    ],
+)
+def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(
+    straight, tmp_path, change, named
+):
     from dlrm_cache.train.loop import train
 
     cfg, base, _ = straight
@@ -375,7 +446,9 @@ def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(strai
     with pytest.raises(ValueError) as e:
         train(at(other, tmp_path / "new", base))
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"resume={base / 'checkpoints' / 'step_00000012'}: "), msg
+    assert "\n" not in msg and msg.startswith(
+        f"resume={base / 'checkpoints' / 'step_00000012'}: "
+    ), msg
     assert all(n in msg for n in named), msg
     assert list((tmp_path / "new").glob("*")) == []
 
@@ -395,10 +468,15 @@ def test_resume_may_change_learning_rates_and_run_longer(straight, tmp_path: Pat
     from dlrm_cache.train.loop import train
 
     cfg, base, _ = straight
-    other = _compose(Path(cfg.data.path), ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01"])
+    other = _compose(
+        Path(cfg.data.path), ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01"]
+    )
     assert train(at(other, tmp_path / "new", base))["steps"] == 14
-    assert [r["step"] for r in map(json.loads, (tmp_path / "new" / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"] == [14]
+    assert [
+        r["step"]
+        for r in map(json.loads, (tmp_path / "new" / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ] == [14]
 
 
 # --------------------------------------------------------------------------- what a run will read
@@ -406,17 +484,54 @@ def _cut(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-@pytest.mark.parametrize("damage, named, says", [
-    (lambda d: _cut(d / "val" / "part-00001.parquet"), "val/part-00001.parquet", "unreadable shard"),
-    (lambda d: (d / "train" / "part-00003.parquet").unlink(), "train/part-00003.parquet", "unreadable shard"),
-    (lambda d: shutil.copy(d / "train" / "part-00007.parquet", d / "train" / "part-00002.parquet"),
-     "train/part-00002.parquet", "100 rows but"),
-    (lambda d: (d / "manifest.json").write_text('{"schema_version": 1, "table_si'), "manifest.json",
-     "not a dataset manifest"),
-    (lambda d: (d / "manifest.json").write_text("[1, 2]"), "manifest.json", "not a dataset manifest"),
-    (lambda d: (d / "manifest.json").write_text('{"schema_version": 1}'), "manifest.json", "not a dataset manifest"),
-], ids=["truncated shard", "missing shard", "another shard", "cut manifest", "manifest a list", "manifest no keys"])
-def test_damaged_dataset_is_found_at_start_naming_the_file(tmp_path: Path, dataset_writer, damage, named, says):
+@pytest.mark.parametrize(
+    "damage, named, says",
+    [
+        (
+            lambda d: _cut(d / "val" / "part-00001.parquet"),
+            "val/part-00001.parquet",
+            "unreadable shard",
+        ),
+        (
+            lambda d: (d / "train" / "part-00003.parquet").unlink(),
+            "train/part-00003.parquet",
+            "unreadable shard",
+        ),
+        (
+            lambda d: shutil.copy(
+                d / "train" / "part-00007.parquet", d / "train" / "part-00002.parquet"
+            ),
+            "train/part-00002.parquet",
+            "100 rows but",
+        ),
+        (
+            lambda d: (d / "manifest.json").write_text('{"schema_version": 1, "table_si'),
+            "manifest.json",
+            "not a dataset manifest",
+        ),
+        (
+            lambda d: (d / "manifest.json").write_text("[1, 2]"),
+            "manifest.json",
+            "not a dataset manifest",
+        ),
+        (
+            lambda d: (d / "manifest.json").write_text('{"schema_version": 1}'),
+            "manifest.json",
+            "not a dataset manifest",
+        ),
+    ],
+    ids=[
+        "truncated shard",
+        "missing shard",
+        "another shard",
+        "cut manifest",
+        "manifest a list",
+        "manifest no keys",
+    ],
+)
+def test_damaged_dataset_is_found_at_start_naming_the_file(
+    tmp_path: Path, dataset_writer, damage, named, says
+):
     """Found before anything is built or written (before: a traceback, or an error when reached)."""
     from dlrm_cache.train.loop import train
 
@@ -443,7 +558,9 @@ def test_statistics_other_than_the_manifest_says_are_refused(processed_synth: Pa
     table = pq.read_table(counts)
     pq.write_table(table.set_column(2, "count", table.column("count")), counts, compression="gzip")
     assert pq.read_table(counts).equals(table)  # same values, another file
-    with pytest.raises(ValueError, match=f"^{counts}: not the statistics {data / 'manifest.json'} was built with"):
+    with pytest.raises(
+        ValueError, match=f"^{counts}: not the statistics {data / 'manifest.json'} was built with"
+    ):
         load_counts(data)
     with pytest.raises(ValueError, match=f"^{counts}: "):
         train(at(_compose(data, ["max_steps=2", "embedding=freq_cache"]), tmp_path / "run"))
@@ -454,11 +571,16 @@ def test_metrics_log_drops_a_line_cut_short_and_keeps_what_it_is_told(tmp_path: 
     from dlrm_cache.rundir import JsonlLog
 
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"kind": "train", "step": 2}\n{"kind": "checkpoint", "step": 2}\n{"kind": "train", "step": 4}\n{"kind": "tr')
+    path.write_text(
+        '{"kind": "train", "step": 2}\n{"kind": "checkpoint", "step": 2}\n{"kind": "train", "step": 4}\n{"kind": "tr'
+    )
     log_ = JsonlLog(path)  # a kill in the middle of a write: that record never was
     assert log_.records == 3 and path.read_text().endswith('"step": 4}\n')
     log_ = JsonlLog(path, keep=2)  # resumed from the checkpoint after record 2
     log_.write("train", step=4)
     assert [(r["kind"], r["step"]) for r in map(json.loads, path.read_text().splitlines())] == [
-        ("train", 2), ("checkpoint", 2), ("train", 4)]
+        ("train", 2),
+        ("checkpoint", 2),
+        ("train", 4),
+    ]
     assert log_.records == 3

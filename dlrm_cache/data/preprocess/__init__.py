@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config import PreprocessConfig
+from ..format import Manifest, resolve_path
 from ..format import write_shard as _write_shard  # shards are written through this name
 from .build import build
 from .errors import PreprocessError
 from .output import SETTINGS, build_dir, check_replaceable, check_reuse, clean_stale, settings
 from .sources import find_sources, select_files
 from .workers import Runner, available_cores
-from ..format import Manifest, resolve_path
 
 __all__ = ["PreprocessError", "SETTINGS", "preprocess"]
 

@@ -44,7 +44,7 @@ class BadLineLog:
         msg = {ln: f"{path}:{file_first_line + ln + 1}: {d}" for ln, d in part.details.items()}
         if self.policy == "fail":
             raise criteo.BadLineError(msg[int(lines[0])])
-        for k, ln in enumerate(lines[: max(0, self.max_reports - len(self.reports))]):
+        for ln in lines[: max(0, self.max_reports - len(self.reports))]:
             self.reports.append(msg[int(ln)])
         for k in np.argsort(first):
             reason = REASONS[codes[k]]

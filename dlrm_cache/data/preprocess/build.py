@@ -204,7 +204,7 @@ def _count(
     n_groups = max(1, min(len(spans), runner.workers * runner.world))
     bounds = [len(spans) * g // n_groups for g in range(n_groups + 1)]
     groups = [str(work / f"counts-{g:04d}") for g in range(n_groups)]
-    jobs = [
+    jobs: list[tuple] = [  # (function, *arguments) per job, one list per stage
         (count.count_group, plan, spans[bounds[g] : bounds[g + 1]], groups[g])
         for g in range(n_groups)
     ]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..format import NUM_SPARSE, SPLITS
-from ..stats import FeatureStats, IdCounter, sum_by_id, rank_feature
+from ..stats import FeatureStats, IdCounter, rank_feature, sum_by_id
 from . import idtable
 from .parse import load_column
 from .splits import SplitPlan

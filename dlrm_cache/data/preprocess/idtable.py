@@ -67,6 +67,7 @@ class IdTable:
             np.take(self.dense, ids.astype(np.int64) + 1, out=out)
             return
         keys, rows = self.keys, self.rows
+        assert keys is not None and rows is not None  # not a dense table
         ids = ids.astype(np.int64, copy=False)
         pos = _slots(ids, self.bits)
         out[:] = self.rare

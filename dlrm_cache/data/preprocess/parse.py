@@ -14,9 +14,9 @@ until every task is parsed; :mod:`.passes` adds the offsets.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -73,9 +73,9 @@ def _blocks(task: Task, chunk_bytes: int) -> Iterator[tuple[bytes, int, bool]]:
     while pos < len(data):  # blocks of chunk_bytes plus the rest of their last line
         cut = data.find(b"\n", min(pos + chunk_bytes, len(data)) - 1)
         stop = len(data) if cut < 0 else cut + 1
-        block = data[pos:stop]
-        yield block, line, task.start == 0 and pos == 0
-        line += block.count(b"\n") + (not block.endswith(b"\n"))
+        piece = data[pos:stop]
+        yield piece, line, task.start == 0 and pos == 0
+        line += piece.count(b"\n") + (not piece.endswith(b"\n"))
         pos = stop
 
 
@@ -153,5 +153,6 @@ def bad_part(parsed: criteo.Parsed, max_details: int) -> Part:
     what :meth:`BadLineLog.add` records, for a caller that parses blocks itself (predict)."""
     reasons, details = _bad_fields(parsed, max_details)
     n = len(parsed.label) + len(reasons)
-    return Part(0, 0, 0, "", 0, n, len(parsed.label), parsed.bad_lines.astype(np.int64), reasons,
-                details)
+    return Part(
+        0, 0, 0, "", 0, n, len(parsed.label), parsed.bad_lines.astype(np.int64), reasons, details
+    )

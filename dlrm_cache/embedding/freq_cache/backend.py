@@ -73,16 +73,24 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..base import DeviceUnavailable, EmbeddingBackend, SparseOptim, TableSpec, pooled, pop_prefetched, shared_dim
+from ..base import (
+    DeviceUnavailable,
+    EmbeddingBackend,
+    SparseOptim,
+    TableSpec,
+    pooled,
+    pop_prefetched,
+    shared_dim,
+)
 from ..tbe import make_tbe, momentum_view, weights_view
 from .batch import Analysis, WindowBatch
 from .counters import Counters
-from .settings import check_settings, flatten_counts
+from .layout import cache_layout
 from .mover import Mover
 from .overflow import OverflowPath
-from .layout import cache_layout
 from .planner import Planner
 from .policy import EvictionPolicy
+from .settings import check_settings, flatten_counts
 from .slots import SlotTable
 from .store import HostStore
 
@@ -123,9 +131,20 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
         rows = np.array([t.num_rows for t in tables], dtype=np.int64)
         row_off = np.concatenate([[0], np.cumsum(rows)])
-        table_counts = None if flat_counts is None else [flat_counts[a:b] for a, b in zip(row_off[:-1], row_off[1:])]
-        self.layout = cache_layout(rows, self.cache_ratio, static_fraction, table_counts,
-                                   global_static=policy == "freq", lookahead=self.lookahead, batch_size=batch_size)
+        table_counts = (
+            None
+            if flat_counts is None
+            else [flat_counts[a:b] for a, b in zip(row_off[:-1], row_off[1:])]
+        )
+        self.layout = cache_layout(
+            rows,
+            self.cache_ratio,
+            static_fraction,
+            table_counts,
+            global_static=policy == "freq",
+            lookahead=self.lookahead,
+            batch_size=batch_size,
+        )
         num_slots, num_static = self.layout.num_slots, self.layout.num_static
         # a slot's device bytes: its TBE row + optimizer state, and its bookkeeping (slot_row,
         # score: 8 B; pin: 4 B; dirty, map: 17 B)
@@ -134,9 +153,14 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             log.info(
                 "freq_cache: cache_ratio=%g gives %s window slots, but %d look-ahead batches of %d samples "
                 "need ~%s distinct rows at once: window region sized to %s rows (+%s slots, +%.1f MiB)",
-                self.cache_ratio, f"{int(self.layout.ratio_rows.sum()) - num_static:,}", self.lookahead + 1,
-                batch_size, f"{self.layout.window_needed:,}", f"{self.layout.window_rows:,}",
-                f"{self.layout.added_rows:,}", self.layout.added_rows * self.slot_bytes / 2**20,
+                self.cache_ratio,
+                f"{int(self.layout.ratio_rows.sum()) - num_static:,}",
+                self.lookahead + 1,
+                batch_size,
+                f"{self.layout.window_needed:,}",
+                f"{self.layout.window_rows:,}",
+                f"{self.layout.added_rows:,}",
+                self.layout.added_rows * self.slot_bytes / 2**20,
             )
         self.cache_bytes = num_slots * self.slot_bytes
         if self.device.type == "cuda":
@@ -150,8 +174,14 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         # ---- allocation
         dev = self.device
         observed = policy == "lfu" or (policy == "freq" and refresh_counts)
-        self.store = HostStore(self.tables, optim, self.dim, dev,
-                               counts=flat_counts if policy == "freq" else None, observed=observed)
+        self.store = HostStore(
+            self.tables,
+            optim,
+            self.dim,
+            dev,
+            counts=flat_counts if policy == "freq" else None,
+            observed=observed,
+        )
         self.row_offsets = self.store.row_offsets
         # small per-table constants on the device, for the vectorized analysis
         self._t_rows = torch.from_numpy(rows).to(dev)
@@ -163,7 +193,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self.policy = EvictionPolicy(policy, self.slots, self.store)
         self._lr = optim.lr
         object.__setattr__(
-            self, "tbe", make_tbe([num_slots], self.dim, optim, dev, feature_table_map=[0] * len(tables))
+            self,
+            "tbe",
+            make_tbe([num_slots], self.dim, optim, dev, feature_table_map=[0] * len(tables)),
         )
         cache_w = weights_view(self.tbe, self.dim)
         cache_m = momentum_view(self.tbe, optim, self.dim)
@@ -172,7 +204,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self.mover.plan_after_compute()  # the bookkeeping above was filled on the compute stream
         with self.mover.planning():
             st_slots = torch.arange(num_static, device=dev)
-            st_table = torch.repeat_interleave(self._t_index, self._t_static_rows, output_size=num_static)
+            st_table = torch.repeat_interleave(
+                self._t_index, self._t_static_rows, output_size=num_static
+            )
             st_rows = self._t_row_off[st_table] + (st_slots - self._t_static_off[st_table])
             self.slots.assign(st_slots, st_rows)
             self.mover.move(st_slots[:0], st_rows[:0], st_slots, st_rows)
@@ -180,7 +214,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
         self._fifo: deque[WindowBatch] = deque()  # training thread: prefetched, not yet forwarded
         self._queue: deque[WindowBatch] = deque()  # planner: prefetched, not yet forwarded (FIFO)
-        self._inflight: list[WindowBatch] = []  # planner: forwarded, backward not yet known to be done
+        self._inflight: list[
+            WindowBatch
+        ] = []  # planner: forwarded, backward not yet known to be done
         self._counters = self._zero_stats()
         self._planner = Planner(self.mover.streams, self.device)
         weakref.finalize(self, self._planner.close)
@@ -361,8 +397,12 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self.mover.sync()
 
     def _p_stats(self) -> dict[str, float]:
-        with self.mover.planning():  # the counters live on the plan stream: read there, not after the step
-            out = self._counters.report(self.mover.read, self.optim.row_bytes(self.dim), self.feature_names)
+        with (
+            self.mover.planning()
+        ):  # the counters live on the plan stream: read there, not after the step
+            out = self._counters.report(
+                self.mover.read, self.optim.row_bytes(self.dim), self.feature_names
+            )
         out.update(self.layout_stats())
         return out
 
@@ -373,9 +413,12 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         """The cache's regions: rows and device bytes (see ``cache_layout``)."""
         static, window = self.slots.num_static, self.slots.num_dynamic
         return {
-            "cache_bytes": float(self.cache_bytes), "cache_rows": float(self.slots.num_slots),
-            "static_rows": float(static), "static_bytes": float(static * self.slot_bytes),
-            "window_rows": float(window), "window_bytes": float(window * self.slot_bytes),
+            "cache_bytes": float(self.cache_bytes),
+            "cache_rows": float(self.slots.num_slots),
+            "static_rows": float(static),
+            "static_bytes": float(static * self.slot_bytes),
+            "window_rows": float(window),
+            "window_bytes": float(window * self.slot_bytes),
             "window_needed_rows": float(self.layout.window_needed),
         }
 
@@ -397,7 +440,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         """
         keys = kjt.keys()
         if list(keys) != self.feature_names:
-            raise ValueError(f"freq_cache: batch features {list(keys)} != tables {self.feature_names}")
+            raise ValueError(
+                f"freq_cache: batch features {list(keys)} != tables {self.feature_names}"
+            )
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
         n = int(lpk.sum())
         dev = self.device
@@ -415,13 +460,17 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             inverse = torch.empty_like(seg).scatter_(0, perm, seg)
             uniq = torch.full((n,), self.slots.scratch_row, dtype=torch.int64, device=dev)
             uniq.scatter_(0, seg, key.long())
-            counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, seg, torch.ones_like(seg))
+            counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(
+                0, seg, torch.ones_like(seg)
+            )
             n_uniq, bad = first.sum(), bad_id.any()
         return Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
 
     def _raise_bad_id(self, b: WindowBatch) -> None:
         v = b.kjt.values().long().cpu()
-        table = torch.repeat_interleave(torch.arange(len(self.tables)), torch.from_numpy(b.table_accesses))
+        table = torch.repeat_interleave(
+            torch.arange(len(self.tables)), torch.from_numpy(b.table_accesses)
+        )
         rows = self._t_rows.cpu()[table]
         i = int(torch.nonzero((v < 0) | (v >= rows))[0, 0])
         t = int(table[i])
@@ -461,7 +510,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             hit = su >= 0
             hit_i = hit.to(torch.int32)
             s.pin.index_add_(0, su.clamp(min=0), hit_i)
-            free = s.pin[s.num_static:] == 0
+            free = s.pin[s.num_static :] == 0
             sized = isinstance(b.n_uniq, int)
             miss = ~hit
             if not sized:  # the padding (the scratch id) is never resident: not a miss

@@ -38,10 +38,14 @@ class WindowBatch(Analysis):
     ready: threading.Event = dataclasses.field(default_factory=threading.Event)
     known: Any = None  # the planner's host knowledge when it set ``ready`` (Streams.host_knowledge)
     error: BaseException | None = None  # raised by the forward of this batch
-    needs_overflow: bool = False  # does not fit even in the empty window: forwarded by a temporary TBE
+    needs_overflow: bool = (
+        False  # does not fit even in the empty window: forwarded by a temporary TBE
+    )
     prepared: bool = False
     deferred: bool = False
-    hit: torch.Tensor | None = None  # per uniq row: resident before its first placement (counted at forward)
+    hit: torch.Tensor | None = (
+        None  # per uniq row: resident before its first placement (counted at forward)
+    )
     train: bool = False  # its slots are marked dirty (a training batch)
     pinned: torch.Tensor | None = None  # slots pinned by this batch (= its uniq rows' slots)
     indices: torch.Tensor | None = None  # slot ids for the lookup
@@ -49,7 +53,7 @@ class WindowBatch(Analysis):
     overflow: dict | None = None
 
     @classmethod
-    def new(cls, kjt: KeyedJaggedTensor, train: bool) -> "WindowBatch":
+    def new(cls, kjt: KeyedJaggedTensor, train: bool) -> WindowBatch:
         return cls(kjt, 0, None, None, None, None, None, None, None, train=train)  # type: ignore[arg-type]
 
     def signal(self, streams: Any) -> None:

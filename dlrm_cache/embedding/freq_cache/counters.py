@@ -24,8 +24,14 @@ class Counters:
         self.table_accesses = np.zeros(num_tables, dtype=np.int64)
         self.table_hits = torch.zeros(num_tables, dtype=torch.int64, device=device)
 
-    def forwarded(self, num_ids: int, table_accesses: np.ndarray, counts: torch.Tensor,
-                  hit: torch.Tensor, tables_of_rows: torch.Tensor) -> None:
+    def forwarded(
+        self,
+        num_ids: int,
+        table_accesses: np.ndarray,
+        counts: torch.Tensor,
+        hit: torch.Tensor,
+        tables_of_rows: torch.Tensor,
+    ) -> None:
         """A forwarded batch: ``counts`` accesses to each of its distinct rows, ``hit`` those that
         were resident before the batch was placed, ``tables_of_rows`` their tables."""
         hit_counts = counts * hit
@@ -54,15 +60,24 @@ class Counters:
         """The counters as ``stats()`` reports them; ``read`` reads device values on the host."""
         values = read(torch.cat([torch.stack([self.dev[k] for k in _DEVICE]), self.table_hits]))
         c = {**dict(zip(_DEVICE, values[: len(_DEVICE)])), **self.host}
-        table_hits = values[len(_DEVICE):]
+        table_hits = values[len(_DEVICE) :]
         acc, dist = c["accesses"], c["distinct"]
-        out = {"hit_rate": c["hits"] / acc if acc else 0.0,
-               "hit_rate_distinct": c["distinct_hits"] / dist if dist else 0.0}
+        out = {
+            "hit_rate": c["hits"] / acc if acc else 0.0,
+            "hit_rate_distinct": c["distinct_hits"] / dist if dist else 0.0,
+        }
         for name, a, h in zip(table_names, self.table_accesses, table_hits):
             out[f"hit_rate/{name}"] = h / a if a else 0.0
-        out.update(accesses=acc, distinct_ids=dist, rows_loaded=c["rows_loaded"],
-                   bytes_loaded=c["rows_loaded"] * row_bytes, rows_written_back=c["rows_written_back"],
-                   bytes_written_back=c["rows_written_back"] * row_bytes, evictions=c["evictions"],
-                   stall_s=c["stall_s"], overflow_batches=c["overflow_batches"],
-                   deferred_batches=c["deferred_batches"])
+        out.update(
+            accesses=acc,
+            distinct_ids=dist,
+            rows_loaded=c["rows_loaded"],
+            bytes_loaded=c["rows_loaded"] * row_bytes,
+            rows_written_back=c["rows_written_back"],
+            bytes_written_back=c["rows_written_back"] * row_bytes,
+            evictions=c["evictions"],
+            stall_s=c["stall_s"],
+            overflow_batches=c["overflow_batches"],
+            deferred_batches=c["deferred_batches"],
+        )
         return {k: float(v) for k, v in out.items()}

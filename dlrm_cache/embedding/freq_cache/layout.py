@@ -37,7 +37,7 @@ def predict_hit_rate(counts, cache_rows: int) -> float:
     if total <= 0 or cache_rows <= 0:
         return 0.0
     k = min(int(cache_rows), c.size)
-    top = np.partition(c, c.size - k)[c.size - k:] if k < c.size else c
+    top = np.partition(c, c.size - k)[c.size - k :] if k < c.size else c
     return float(top.sum() / total)
 
 
@@ -94,7 +94,7 @@ def expected_window_rows(
         # 1 - (1 - draws/N)^c, which is higher for rows counted fewer than ``draws`` times.  The
         # larger of the two, so the estimate holds for both.
         total = c.sum()
-        rest = c[static_rows[t]:]
+        rest = c[static_rows[t] :]
         iid = -np.expm1(draws * np.log1p(-np.minimum(rest / total, 1.0 - 1e-12)))
         epoch = -np.expm1(rest * np.log1p(-min(draws / total, 1.0 - 1e-12)))
         seen = np.maximum(iid, epoch)
@@ -132,7 +132,9 @@ def cache_layout(
         flat = np.concatenate([_as_counts(c) for c in counts])
         top = np.argpartition(-flat, num_static - 1)[:num_static]
         row_off = np.concatenate([[0], np.cumsum(rows_a)])
-        static_rows = np.bincount(np.searchsorted(row_off, top, side="right") - 1, minlength=len(rows_a))
+        static_rows = np.bincount(
+            np.searchsorted(row_off, top, side="right") - 1, minlength=len(rows_a)
+        )
     else:
         static_rows = np.floor(static_fraction * ratio_rows).astype(np.int64)
     static_rows = static_rows.astype(np.int64)
@@ -165,8 +167,14 @@ def plan_table(
     for r in ratios:
         if not 0 < r <= 1:
             raise ValueError(f"cache ratio {r}: must be in (0, 1]")
-        layout = cache_layout([c.size for c in tables.values()], r, static_fraction, list(tables.values()),
-                              lookahead=lookahead, batch_size=batch_size)
+        layout = cache_layout(
+            [c.size for c in tables.values()],
+            r,
+            static_fraction,
+            list(tables.values()),
+            lookahead=lookahead,
+            batch_size=batch_size,
+        )
         # the per-table alternative at the same memory: the ratio scaled by the slots the window sizing
         # added (without them, each table's own share of the ratio)
         effective = min(1.0, r * layout.num_slots / max(1, int(layout.ratio_rows.sum())))

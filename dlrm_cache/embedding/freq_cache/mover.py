@@ -30,7 +30,11 @@ from .store import HostStore
 
 class Mover:
     def __init__(
-        self, store: HostStore, cache_w: torch.Tensor, cache_m: torch.Tensor | None, device: torch.device
+        self,
+        store: HostStore,
+        cache_w: torch.Tensor,
+        cache_m: torch.Tensor | None,
+        device: torch.device,
     ) -> None:
         self.store = store
         self.cache_w = cache_w  # [num_slots, dim] view of the TBE's weights
@@ -69,7 +73,9 @@ class Mover:
         passes come before any later write-back or load of their (now unpinned) slots."""
         self._retire_event = event
 
-    def move(self, wb_slots: torch.Tensor, wb_rows: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    def move(
+        self, wb_slots: torch.Tensor, wb_rows: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor
+    ) -> None:
         """Write ``wb_slots`` back to ``wb_rows``, then fill ``slots`` with (non-resident) ``rows``."""
         st = self.streams
         st.wait_event(st.copy, self._retire_event)
@@ -98,7 +104,9 @@ class Mover:
             dim = self.cache_w.shape[1]
             self.cache_w.index_copy_(0, slots, record[:, :dim])
             if self.cache_m is not None:
-                self.cache_m.index_copy_(0, slots, record[:, dim:].reshape((-1, *self.cache_m.shape[1:])))
+                self.cache_m.index_copy_(
+                    0, slots, record[:, dim:].reshape((-1, *self.cache_m.shape[1:]))
+                )
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A small host tensor on the device without synchronizing: an asynchronous copy from

@@ -37,10 +37,14 @@ class OverflowPath:
             self.policy.observe(rows, b.counts, slots, all_held=False)
             self._count_hits(b, resident)
         self.mover.sync()
-        self.mover.use_on_compute(rows, slots, inverse)  # plan-stream tensors read on compute from here
+        self.mover.use_on_compute(
+            rows, slots, inverse
+        )  # plan-stream tensors read on compute from here
         res = slots >= 0
         optim = dataclasses.replace(self.optim, lr=self._lr)
-        tmp = make_tbe([rows.numel()], self.dim, optim, self.device, feature_table_map=[0] * len(self.tables))
+        tmp = make_tbe(
+            [rows.numel()], self.dim, optim, self.device, feature_table_map=[0] * len(self.tables)
+        )
         tw = weights_view(tmp, self.dim)
         tm = momentum_view(tmp, optim, self.dim)
         with torch.no_grad():

@@ -27,8 +27,7 @@ import torch
 
 from ...streams import Streams
 
-
-_live: "weakref.WeakSet[Planner]" = weakref.WeakSet()
+_live: weakref.WeakSet[Planner] = weakref.WeakSet()
 
 
 @atexit.register
@@ -41,7 +40,9 @@ def _stop_all() -> None:
 
 
 class Planner:
-    def __init__(self, streams: Streams, device: torch.device, name: str = "freq_cache-planner") -> None:
+    def __init__(
+        self, streams: Streams, device: torch.device, name: str = "freq_cache-planner"
+    ) -> None:
         self.streams = streams
         self.device = device
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()

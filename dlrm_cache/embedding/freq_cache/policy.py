@@ -33,13 +33,16 @@ class EvictionPolicy:
         self.observed = store.observed
         # Each slot's current score, updated as rows are admitted and requested; empty slots stay
         # at -inf (filled first).
-        self.slot_score = torch.full((slots.num_slots,), -torch.inf, dtype=torch.float64,
-                                     device=slots.slot_row.device)
+        self.slot_score = torch.full(
+            (slots.num_slots,), -torch.inf, dtype=torch.float64, device=slots.slot_row.device
+        )
         self.clock = 0
 
     def _row_score(self, rows: torch.Tensor) -> torch.Tensor:
         if self.name == "lru":
-            return torch.full(rows.shape, float(self.clock), dtype=torch.float64, device=rows.device)
+            return torch.full(
+                rows.shape, float(self.clock), dtype=torch.float64, device=rows.device
+            )
         score = torch.zeros(rows.shape, dtype=torch.float64, device=rows.device)
         if self.observed is not None:
             score += self.observed[rows]
@@ -51,7 +54,9 @@ class EvictionPolicy:
         """``rows`` now live in ``slots``."""
         self.slot_score[slots] = self._row_score(rows)
 
-    def observe(self, rows: torch.Tensor, hits: torch.Tensor, slots: torch.Tensor, all_held: bool = True) -> None:
+    def observe(
+        self, rows: torch.Tensor, hits: torch.Tensor, slots: torch.Tensor, all_held: bool = True
+    ) -> None:
         """A batch requested distinct ``rows`` (``hits`` accesses each), held in ``slots`` (-1: not)."""
         self.clock += 1
         if self.observed is not None:
@@ -78,8 +83,8 @@ class EvictionPolicy:
         """
         s = self.slots
         if free is None:
-            free = s.pin[s.num_static:] == 0
+            free = s.pin[s.num_static :] == 0
             if k > int(free.sum()):
                 return None
-        score = torch.where(free, self.slot_score[s.num_static:], torch.inf)
+        score = torch.where(free, self.slot_score[s.num_static :], torch.inf)
         return torch.topk(score, k, largest=False, sorted=False).indices + s.num_static

@@ -11,8 +11,15 @@ from ..base import TableSpec
 from .policy import POLICIES
 
 
-def check_settings(cache_ratio: Any, policy: str, static_fraction: float, lookahead: Any,
-                   batch_size: Any, row_map: str, counts: Any) -> None:
+def check_settings(
+    cache_ratio: Any,
+    policy: str,
+    static_fraction: float,
+    lookahead: Any,
+    batch_size: Any,
+    row_map: str,
+    counts: Any,
+) -> None:
     """One line naming the key for the first setting out of its range."""
     if not (isinstance(cache_ratio, (int, float)) and 0 < cache_ratio <= 1):
         raise ValueError(f"embedding.cache_ratio={cache_ratio!r}: must be in (0, 1]")

@@ -25,7 +25,12 @@ import torch
 
 class SlotTable:
     def __init__(
-        self, num_slots: int, num_static: int, device: torch.device, num_rows: int, row_map: str = "auto"
+        self,
+        num_slots: int,
+        num_static: int,
+        device: torch.device,
+        num_rows: int,
+        row_map: str = "auto",
     ) -> None:
         if num_slots >= 2**31:
             raise ValueError(f"embedding.cache_ratio: {num_slots} slots are too many (limit 2**31)")
@@ -53,7 +58,7 @@ class SlotTable:
         return self.num_slots - self.num_static
 
     def _resort(self) -> None:
-        self.sorted_rows, order = torch.sort(self.slot_row[self.num_static:].to(self.key_dtype))
+        self.sorted_rows, order = torch.sort(self.slot_row[self.num_static :].to(self.key_dtype))
         self.sorted_slots = order + self.num_static
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
@@ -70,7 +75,9 @@ class SlotTable:
         """``rows`` (not resident) now live in ``slots`` (whatever they held is dropped), clean."""
         if self.row_map == "dense":
             old = self.slot_row[slots]
-            self.row_slot[torch.where(old >= 0, old, self.scratch_row)] = -1  # no boolean mask: no sync
+            self.row_slot[
+                torch.where(old >= 0, old, self.scratch_row)
+            ] = -1  # no boolean mask: no sync
             self.row_slot[rows] = slots.to(torch.int32)
         self.slot_row[slots] = rows
         self.dirty[slots] = False
