@@ -117,6 +117,9 @@ def test_wheel_ships_configs(tmp_path):
         "dlrm_cache/configs/train.yaml" in names
         and "dlrm_cache/configs/embedding/freq_cache.yaml" in names
     )
+    # every package of the source tree ships (pyproject lists them one by one)
+    packages = {str(p.relative_to(REPO)) for p in (REPO / "dlrm_cache").rglob("__init__.py")}
+    assert packages <= set(names), sorted(packages - set(names))
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     work = tmp_path / "elsewhere"
     work.mkdir()
