@@ -19,6 +19,7 @@ from .data.format import atomic_write_text, to_json
 
 METRICS: Final = "metrics.jsonl"
 SUMMARY: Final = "summary.json"
+CKPT_DIR: Final = "checkpoints"  # checkpoints/step_N (train/checkpoint.py writes them)
 REPORT_PNG: Final = "report.png"
 REPORT_MD: Final = "report.md"
 

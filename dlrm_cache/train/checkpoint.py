@@ -40,8 +40,8 @@ from ..data.format import (
     replace_dir,
 )
 from ..parallel.placement import parse_key
+from ..rundir import CKPT_DIR
 
-CKPT_DIR = "checkpoints"
 META = "meta.json"
 DENSE = "dense.pt"
 _STEP_DIR = re.compile(r"step_(\d+)")

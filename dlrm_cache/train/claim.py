@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from ..data.format import atomic_write_text
+from ..rundir import CKPT_DIR, METRICS, SUMMARY
 
 if TYPE_CHECKING:
     from ..parallel.dist import DistInfo
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 LOCK = ".lock"
 SNAPSHOT = ".hydra"  # Hydra's snapshot of a job's config (hydra.output_subdir)
 # What makes a directory a run's: the files a run writes (report reads them; a resume continues
-# them); "checkpoints" is checkpoint.CKPT_DIR (a test holds them equal).
-RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+# them).
+RUN_FILES = (METRICS, SUMMARY, CKPT_DIR)
 
 _held: dict[Path, int] = {}  # run directory -> the descriptor holding its lock (this process)
 
@@ -150,14 +151,19 @@ def _snapshot(run_dir: Path, config: DictConfig) -> None:
         atomic_write_text(out / name, OmegaConf.to_yaml(node))
 
 
+def _run_files(run_dir: Path) -> list[str]:
+    """The files of a run that ``run_dir`` holds (none: no run is there)."""
+    return [name for name in RUN_FILES if _present(run_dir / name)]
+
+
 def _holds_run(run_dir: Path) -> bool:
-    return any(_present(run_dir / name) for name in RUN_FILES)
+    return bool(_run_files(run_dir))
 
 
 def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bool:
     """Raise :class:`RunDirTaken` if ``run_dir`` holds another run; True if it held one that
     ``overwrite`` removed."""
-    found = [name for name in RUN_FILES if _present(run_dir / name)]
+    found = _run_files(run_dir)
     if not found:
         return False
     ours = (

@@ -142,11 +142,15 @@ def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
     assert _strict((d / "summary.json").read_text())["steps"] == 2
 
 
-def test_what_makes_a_run_dir_taken_includes_the_checkpoints():
-    from dlrm_cache.train.checkpoint import CKPT_DIR
-    from dlrm_cache.train.claim import RUN_FILES
+def test_a_dir_holding_only_checkpoints_is_taken(tmp_path: Path):
+    from dlrm_cache.train.checkpoint import step_dir
+    from dlrm_cache.train.claim import RunDirTaken, _check_owner
 
-    assert CKPT_DIR in RUN_FILES
+    assert _check_owner(tmp_path, None, False) is False  # empty: free
+    step_dir(tmp_path, 3).mkdir(parents=True)
+    (step_dir(tmp_path, 3) / "meta.json").write_text("{}")
+    with pytest.raises(RunDirTaken):
+        _check_owner(tmp_path, None, False)
 
 
 # ---------------------------------------------------------------- 5. preemption (+ the lock)
