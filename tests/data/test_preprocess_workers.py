@@ -8,12 +8,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from launching import TORCHRUN_2
 
 import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.format import MANIFEST, Manifest
@@ -70,14 +70,7 @@ def test_identical_for_every_worker_count(raw3: Path, tmp_path: Path, capsys, se
 
 def _torchrun(raw: Path, out: Path, cwd: Path, *extra: str) -> subprocess.Popen:
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "dlrm_cache",
+        *TORCHRUN_2,
         "preprocess",
         f"input={raw}",
         f"output={out}",

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from launching import TORCHRUN_2, launch_ranks
 
 from dlrm_cache.parallel.placement import parse_key
 from dlrm_cache.train.checkpoint import Checkpoint
@@ -62,18 +60,7 @@ def launch(
     per_rank: dict[int, list[str]] | None = None,
     expect_ok: bool = True,
 ):
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    out = elastic_launch(config, _train_entry)(overrides, per_rank or {})
+    out = launch_ranks(nproc, _train_entry, overrides, per_rank or {})
     if expect_ok:
         for rank, result in out.items():
             assert isinstance(result, dict), f"rank {rank}: {result}"
@@ -166,14 +153,7 @@ def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
     """The real launcher and console entry: one run directory, one metrics file, rank 0 prints."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "dlrm_cache",
+        *TORCHRUN_2,
         "train",
         *[
             o

@@ -9,14 +9,13 @@ see /work/notes/sharded.md.
 from __future__ import annotations
 
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from launching import launch_ranks
 
 from dlrm_cache.bench.syncs import HostSyncCounter
 from dlrm_cache.data.format import Manifest
@@ -98,18 +97,7 @@ def _counted_steps(root: str) -> dict:
 
 
 def test_sharded_steps_read_nothing_back(shared_small_dataset: Path):
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=2,
-        run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    out = elastic_launch(config, _counted_steps)(str(shared_small_dataset))
+    out = launch_ranks(2, _counted_steps, str(shared_small_dataset))
     assert out[0]["sizes"] == [999, 0] and out[1]["sizes"] == [1000, 1]
     for rank in (0, 1):
         assert out[rank]["control"] == 1 and min(out[rank]["ops"]) > 0  # it saw the steps' ops

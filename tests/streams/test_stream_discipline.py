@@ -15,6 +15,7 @@ import pytest
 from stream_harness import RecordingStreams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+from launching import launch_ranks
 from test_train import base_overrides, compose_train  # noqa: E402
 
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
@@ -144,21 +145,6 @@ def _recorded_rank(overrides: list[str]) -> dict:
 def test_no_step_waits_for_the_cache_sharded_over_two_gloo_ranks(processed_synth, tmp_path):
     """The same contract for 2 ranks sharding the tables (each rank's cache behind the sharded
     backend's collectives), through torch's elastic launcher (what torchrun runs)."""
-    import uuid
-
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=2,
-        run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
     overrides = base_overrides(processed_synth, tmp_path / "run") + [
         "embedding=freq_cache",
         f"max_steps={STEPS}",
@@ -170,7 +156,7 @@ def test_no_step_waits_for_the_cache_sharded_over_two_gloo_ranks(processed_synth
         "data.eval_batch_size=128",
         "checkpoint_every=7",
     ]
-    out = elastic_launch(config, _recorded_rank)(overrides)
+    out = launch_ranks(2, _recorded_rank, overrides)
     for rank, found in out.items():
         assert found["steps"] == STEPS and found["recorded_steps"] >= STEPS, (rank, found)
         assert not found["drains"], (rank, found["drains"])

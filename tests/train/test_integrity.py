@@ -18,13 +18,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import torch
+from launching import TORCHRUN_2
 from test_train import _params as params
 
 from dlrm_cache.data.format import Manifest, read_parquet, write_parquet
@@ -215,14 +215,7 @@ def test_torchrun_sigterm_checkpoints_every_rank_and_resumes_bit_identically(
 
     def torchrun(run_dir: Path, *extra: str) -> subprocess.Popen:
         cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "dlrm_cache",
+            *TORCHRUN_2,
             *train_args(data, run_dir, "epochs=1000", "log_every=10", *extra),
         ]
         return subprocess.Popen(
