@@ -47,11 +47,13 @@ class Runner:
             int(os.environ.get("WORLD_SIZE", "1")),
             int(os.environ.get("RANK", "0")),
         )
+        self._own_group = False  # the process group this runner made (and ends in close)
         if self.world > 1:
             import torch.distributed as dist
 
             if not dist.is_initialized():
                 dist.init_process_group(backend="gloo")
+                self._own_group = True
         self.workers = workers
         self.pool = (
             mp.get_context("fork").Pool(workers, initializer=_init_worker) if workers > 1 else None
@@ -104,6 +106,11 @@ class Runner:
                 self.pool.close()
             self.pool.join()
             self.pool = None
+        if self._own_group:  # gloo's threads must not outlive the interpreter (it aborts at exit)
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._own_group = False
 
 
 def star(args: Iterable) -> Any:
