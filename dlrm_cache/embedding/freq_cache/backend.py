@@ -27,8 +27,10 @@ Where the work runs
     slots, an out-of-range flag) in one read of the plan stream, which never waits for the compute
     stream; every kernel after it is sized by what the host knows (``nonzero_static``, write-backs
     of clean victims to a scratch row).  Without CUDA the same code runs on CPU tensors, which is
-    how the tests check it; there ``analyze`` (dedup etc.) runs in the loader thread, and the
-    planner thread overlaps the step on a second core.
+    how the tests check it (the stream harness with a threaded planner); a CPU cache runs the
+    planner's tasks inline (planner.py says why) and, with the dense row map, deduplicates a
+    batch through the map in O(ids) instead of sorting it (``SlotTable.dedup``): on a CPU, where
+    the cache's work cannot hide behind the step, its cost per batch is what counts.
 
 Step protocol (what the trainer does)
     ``prefetch(kjt)`` for each future batch (FIFO), then ``forward(kjt)`` for the oldest one, then
@@ -73,6 +75,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from ...streams import streams_for
 from ..base import (
     DeviceUnavailable,
     EmbeddingBackend,
@@ -190,6 +193,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self._t_static_off = torch.from_numpy(self.layout.static_offsets).to(dev)
         self._t_index = torch.arange(len(tables), device=dev)
         self.slots = SlotTable(num_slots, num_static, dev, self.store.num_rows, row_map)
+        # Without streams (a CPU cache) sizes cost nothing: with the dense map, a batch is
+        # deduplicated through it in O(ids) by the planner instead of sorted (see ``_analyze``).
+        self._dedup_by_map = self.slots.row_map == "dense" and not streams_for(dev).asynchronous
         self.policy = EvictionPolicy(policy, self.slots, self.store)
         self._lr = optim.lr
         object.__setattr__(
@@ -224,9 +230,12 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
     # ------------------------------------------------------------------------------ public API
     def analyze(self, features: KeyedJaggedTensor) -> Analysis | None:
         """The cache-independent part of a prefetch, for the loader thread: on a CPU cache only,
-        where there are no streams (a GPU cache does it on the planner thread, on its plan stream,
-        much faster than the host could)."""
-        return None if self.mover.streams.asynchronous else self._analyze(features)
+        where there are no streams and the row map is sorted (a GPU cache does it on the planner
+        thread, on its plan stream, much faster than the host could; a CPU cache with the dense
+        map does it on the planner too, where its O(ids) dedup costs less than handing it over)."""
+        if self.mover.streams.asynchronous or self._dedup_by_map:
+            return None  # the planner does it (dedup through the map uses its scratch array)
+        return self._analyze(features)
 
     # The training thread's side: post to the planner, never touch the slots ----------------
     def prefetch(self, features: KeyedJaggedTensor, analysis: Analysis | None = None) -> None:
@@ -359,7 +368,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             if b.overflow is not None:
                 self._retire_overflow(b)
             else:
-                self.slots.pin[b.pinned] -= 1
+                self.slots.pin_add(b.pinned, -1)
         self._inflight.clear()
         self._try_prepare()
 
@@ -451,8 +460,16 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             v = kjt.values().to(dev, dtype=torch.int64, non_blocking=True)
             lpk_t = self.mover.to_device(torch.from_numpy(lpk))
             table = torch.repeat_interleave(self._t_index, lpk_t, output_size=n)
-            bad_id = (v < 0) | (v >= self._t_rows[table])
-            grow = torch.where(bad_id, 0, v) + self._t_row_off[table]  # raised at the size read
+            bad_id = (v < 0) | (v >= self._t_rows.index_select(0, table))
+            # raised at the size read
+            grow = torch.where(bad_id, 0, v) + self._t_row_off.index_select(0, table)
+            if self._dedup_by_map:
+                first, inverse, counts = self.slots.dedup(grow)
+                uniq = grow.index_select(0, first)
+                utable = table.index_select(0, first)
+                return Analysis(
+                    kjt, n, grow, lpk, uniq, inverse, counts, uniq.numel(), bad_id.any(), utable
+                )
             key, perm = torch.sort(grow.to(self.slots.key_dtype))
             first = torch.ones(n, dtype=torch.bool, device=dev)
             first[1:] = key[1:] != key[:-1]
@@ -464,7 +481,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
                 0, seg, torch.ones_like(seg)
             )
             n_uniq, bad = first.sum(), bad_id.any()
-        return Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
+        return Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad, None)
 
     def _raise_bad_id(self, b: WindowBatch) -> None:
         v = b.kjt.values().long().cpu()
@@ -485,6 +502,8 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
     def _slot_of(self, rows: torch.Tensor) -> torch.Tensor:
         """The slot holding each global row (static or dynamic), -1 where none does."""
+        if self.slots.row_map == "dense":
+            return self.slots.lookup(rows)  # the dense map holds the static rows too
         table = self._table_of(rows)
         rank = rows - self._t_row_off[table]
         static = rank < self._t_static_rows[table]
@@ -492,7 +511,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
     def _mark_dirty(self, b: WindowBatch) -> None:
         with self.mover.planning():
-            self.slots.dirty[b.pinned] = True
+            self.slots.mark_dirty(b.pinned)
 
     @torch.no_grad()
     def _prepare(self, b: WindowBatch) -> bool:
@@ -532,10 +551,10 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
                 victims = self.policy.choose(n_miss, free)
                 miss_idx = torch.nonzero_static(~hit, size=n_miss).squeeze(1)
                 self._evict_and_load(victims, b.uniq[miss_idx])
-                s.pin[victims] += 1
-                su[miss_idx] = victims
+                s.pin_add(victims, 1)
+                su.index_copy_(0, miss_idx, victims)
             b.pinned = su
-            b.indices = su[b.inverse]
+            b.indices = su.index_select(0, b.inverse)
             b.prepared = True
             if b.train:
                 self._mark_dirty(b)
@@ -553,9 +572,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         kernels then have sizes the host knows (no count of dirty victims to read).  In training
         nearly every victim is dirty (its rows were loaded by training batches)."""
         s = self.slots
-        old = s.slot_row[victims]
+        old = s.slot_row.index_select(0, victims)
         occupied = old >= 0
-        wb = occupied & s.dirty[victims]
+        wb = occupied & s.dirty.index_select(0, victims)
         self.mover.move(victims, torch.where(wb, old, self.store.scratch_row), victims, rows)
         s.assign(victims, rows)
         self.policy.admitted(victims, rows)
@@ -563,13 +582,14 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
     def _count_hits(self, b: WindowBatch, hit: torch.Tensor) -> None:
         """A forwarded batch's accesses; ``hit``: its distinct rows resident before it was placed."""
-        self._counters.forwarded(b.num_ids, b.table_accesses, b.counts, hit, self._table_of(b.uniq))
+        table = self._table_of(b.uniq) if b.utable is None else b.utable
+        self._counters.forwarded(b.num_ids, b.table_accesses, b.counts, hit, table)
 
     def _unprepare(self, b: WindowBatch) -> None:
         if b.prepared:
             b.ready.clear()
             with self.mover.planning():
-                self.slots.pin[b.pinned] -= 1
+                self.slots.pin_add(b.pinned, -1)
             b.prepared, b.pinned, b.indices, b.event = False, None, None, None
 
     def _try_prepare(self) -> None:

@@ -14,18 +14,21 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 @dataclasses.dataclass(eq=False)
 class Analysis:
     """What a batch needs that does not depend on the cache's state (``analyze``); on the cache's
-    device.  ``uniq``/``counts`` have room for every id (fixed capacity: deduplication without
-    reading a size) until the batch's first placement reads ``n_uniq`` and trims them."""
+    device.  From a sort (with streams), ``uniq``/``counts`` have room for every id (fixed
+    capacity: deduplication without reading a size) until the batch's first placement reads
+    ``n_uniq`` and trims them; from the dense map's dedup (no streams), they are exact, in order
+    of first occurrence, and ``n_uniq`` is an int from the start."""
 
     kjt: KeyedJaggedTensor
     num_ids: int
     grow: torch.Tensor  # global row of every id (out-of-range ids replaced by row 0)
     table_accesses: np.ndarray  # accesses per table (host)
-    uniq: torch.Tensor  # distinct global rows, sorted, then the scratch id as padding
+    uniq: torch.Tensor  # distinct global rows (sorted, then the scratch id as padding; see below)
     inverse: torch.Tensor  # position in uniq of every id
     counts: torch.Tensor  # accesses of each uniq row in this batch
     n_uniq: torch.Tensor | int  # device scalar until read, then the host int
     bad: torch.Tensor  # device bool: an id out of its table's range
+    utable: torch.Tensor | None  # the table of each uniq row, where the analysis knows it
 
 
 @dataclasses.dataclass(eq=False)
@@ -54,7 +57,7 @@ class WindowBatch(Analysis):
 
     @classmethod
     def new(cls, kjt: KeyedJaggedTensor, train: bool) -> WindowBatch:
-        return cls(kjt, 0, None, None, None, None, None, None, None, train=train)  # type: ignore[arg-type]
+        return cls(kjt, 0, None, None, None, None, None, None, None, None, train=train)  # type: ignore[arg-type]
 
     def signal(self, streams: Any) -> None:
         """Planner: the batch is placed (or failed)."""

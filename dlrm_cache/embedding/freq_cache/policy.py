@@ -45,14 +45,14 @@ class EvictionPolicy:
             )
         score = torch.zeros(rows.shape, dtype=torch.float64, device=rows.device)
         if self.observed is not None:
-            score += self.observed[rows]
+            score += self.observed.index_select(0, rows)
         if self.counts is not None:
-            score += self.counts[rows]
+            score += self.counts.index_select(0, rows)
         return score
 
     def admitted(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """``rows`` now live in ``slots``."""
-        self.slot_score[slots] = self._row_score(rows)
+        self.slot_score.index_copy_(0, slots, self._row_score(rows))
 
     def observe(
         self, rows: torch.Tensor, hits: torch.Tensor, slots: torch.Tensor, all_held: bool = True
@@ -61,7 +61,7 @@ class EvictionPolicy:
         self.clock += 1
         if self.observed is not None:
             # rows are distinct: a gather and a scatter, no atomics on (host-mapped) memory
-            self.observed.index_copy_(0, rows, self.observed[rows] + hits)
+            self.observed.index_copy_(0, rows, self.observed.index_select(0, rows) + hits)
         if self.name != "freq" or self.observed is not None:  # plain freq scores never change
             if not all_held:
                 held = slots >= 0
@@ -73,7 +73,8 @@ class EvictionPolicy:
         if k >= rows.numel():
             return rows
         if self.name == "lru":
-            return rows[:k]  # all equally recent
+            # all equally recent: the lowest rows, which are each table's most frequent ranks
+            return torch.sort(rows).values[:k]
         return rows[torch.topk(self._row_score(rows), k).indices]
 
     def choose(self, k: int, free: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -12,10 +12,11 @@ Which slot holds a row (``row_map``):
 * ``sorted`` (the default on a GPU): binary search in the dynamic region's rows kept sorted
   (re-sorted on the device after every batch that loads rows).  No per-row map at all: every
   structure here scales with the cache, about 30 bytes a slot, whatever the size of the tables.
-* ``dense`` (the default on the CPU): an int32 slot per row of the tables.  On the CPU that map is
-  host memory like the tables themselves, and it updates in O(rows moved) where a CPU sort of
-  the dynamic region costs tens of milliseconds per batch at Criteo sizes.
-Both give the same slots; the tests run both.
+* ``dense`` (the default on the CPU): an int32 slot per row of the tables, static rows included.
+  On the CPU that map is host memory like the tables themselves, and it updates in O(rows moved)
+  where a CPU sort of the dynamic region costs tens of milliseconds per batch at Criteo sizes.
+  A second row-sized array serves ``dedup`` (a batch's distinct rows in O(ids), no sort).
+Both keep the same rows resident; the tests run both.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class SlotTable:
         self.dirty = torch.zeros(num_slots, dtype=torch.bool, device=device)
         if row_map == "dense":
             self.row_slot = torch.full((num_rows + 1,), -1, dtype=torch.int32, device=device)
+            self._first = torch.zeros(num_rows + 1, dtype=torch.int32, device=device)
         else:
             self._resort()
 
@@ -61,10 +63,31 @@ class SlotTable:
         self.sorted_rows, order = torch.sort(self.slot_row[self.num_static :].to(self.key_dtype))
         self.sorted_slots = order + self.num_static
 
+    def dedup(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Deduplicate ``rows``: the position of each distinct row's first occurrence (ascending),
+        each id's index among the distinct rows, and each distinct row's number of ids.
+
+        Dense map only, one thread at a time (a shared scratch array), and where sizes cost no
+        synchronization (``nonzero``, ``bincount``): a CPU cache.
+
+        Each row's first position is a scatter-min over the row-sized scratch array (only the
+        entries of ``rows`` are written and read back, so it is never cleared): O(ids), where a
+        sort of the batch's ids costs several times more on a CPU."""
+        pos = torch.arange(rows.numel(), dtype=torch.int32, device=rows.device)
+        self._first.index_fill_(0, rows, rows.numel())
+        self._first.scatter_reduce_(0, rows, pos, "amin")
+        first_pos = self._first.index_select(0, rows)
+        first = first_pos == pos
+        where = torch.nonzero(first).squeeze(1)
+        rank = torch.cumsum(first, 0, dtype=torch.int64) - 1
+        inverse = rank.index_select(0, first_pos)
+        return where, inverse, torch.bincount(inverse, minlength=where.numel())
+
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        """The dynamic slot holding each of ``rows`` (global ids, or the scratch id), -1 where none does."""
+        """The slot holding each of ``rows`` (global ids, or the scratch id), -1 where none does:
+        static or dynamic with the dense map, dynamic only with the sorted one."""
         if self.row_map == "dense":
-            return self.row_slot[rows].long()
+            return self.row_slot.index_select(0, rows).long()
         if self.num_dynamic == 0 or rows.numel() == 0:
             return torch.full_like(rows, -1)
         keys = rows.to(self.key_dtype)
@@ -74,15 +97,22 @@ class SlotTable:
     def assign(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """``rows`` (not resident) now live in ``slots`` (whatever they held is dropped), clean."""
         if self.row_map == "dense":
-            old = self.slot_row[slots]
-            self.row_slot[
-                torch.where(old >= 0, old, self.scratch_row)
-            ] = -1  # no boolean mask: no sync
-            self.row_slot[rows] = slots.to(torch.int32)
-        self.slot_row[slots] = rows
-        self.dirty[slots] = False
+            old = self.slot_row.index_select(0, slots)
+            # no boolean mask: no sync
+            self.row_slot.index_fill_(0, torch.where(old >= 0, old, self.scratch_row), -1)
+            self.row_slot.index_copy_(0, rows, slots.to(torch.int32))
+        self.slot_row.index_copy_(0, slots, rows)
+        self.dirty.index_fill_(0, slots, False)
         if self.row_map == "sorted" and slots.numel() and self.num_dynamic:
             self._resort()
+
+    def pin_add(self, slots: torch.Tensor, delta: int) -> None:
+        """Add ``delta`` to the pin count of each of ``slots`` (distinct)."""
+        one = torch.ones((), dtype=torch.int32, device=slots.device).expand(slots.numel())
+        self.pin.index_add_(0, slots, one, alpha=delta)
+
+    def mark_dirty(self, slots: torch.Tensor) -> None:
+        self.dirty.index_fill_(0, slots, True)
 
     def resident(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots, rows) of every occupied slot."""
