@@ -667,6 +667,8 @@ def test_one_host_read_per_batch(row_map):
     planner_c = HostSyncCounter()
 
     class CountingStreams(InlineStreams):
+        asynchronous = True  # a device with streams: what is counted is what would synchronize one
+
         def thread_setup(self):  # the planner thread counts its own ops (modes are per thread)
             return planner_c
 
@@ -727,3 +729,79 @@ def test_one_host_read_per_batch(row_map):
 # aten ops per batch of the cache's prefetch + forward beyond the uncached forward, as measured
 # 2026-11-23 (torch 2.13 CPU): 129 sorted, 127 dense
 OPS_PER_BATCH = {"sorted": 129, "dense": 127}
+
+
+def test_dense_map_dedup_matches_an_independent_count():
+    """``SlotTable.dedup`` (the CPU cache's O(ids) deduplication) against a dict, over several
+    batches through one table (its scratch array is never cleared), the scratch id included."""
+    from collections import Counter
+
+    from dlrm_cache.embedding.freq_cache.slots import SlotTable
+
+    rng = np.random.default_rng(5)
+    table = SlotTable(16, 4, torch.device("cpu"), 1000, "dense")
+    for n in (0, 1, 50, 5000, 300):
+        rows = torch.from_numpy(rng.zipf(1.3, n) % 1001)  # 1000: the scratch id
+        first, inverse, counts = table.dedup(rows)
+        ids = rows.tolist()
+        order = list(dict.fromkeys(ids))  # distinct rows in order of first occurrence
+        seen = Counter(ids)
+        assert rows[first].tolist() == order
+        assert first.tolist() == [ids.index(r) for r in order]
+        assert [order[i] for i in inverse.tolist()] == ids
+        assert counts.tolist() == [seen[r] for r in order]
+
+
+@pytest.mark.parametrize("row_map, sorts", [("dense", False), ("sorted", True)])
+def test_cpu_cache_plans_inline_and_dedups_without_a_sort(row_map, sorts):
+    """A CPU cache (no streams) places batches on the calling thread, with no planner thread;
+    with the dense map its dedup sorts nothing (the sorted map still sorts: dedup, re-sort)."""
+    import threading
+
+    from dlrm_cache.bench.syncs import HostSyncCounter
+
+    tables = make_tables([20000, 5000, 300, 8000])
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(
+        tables, optim, cache_ratio=0.03, lookahead=2, counts=make_counts(tables), row_map=row_map
+    )
+    assert cache._planner._thread is None
+    threads_before = threading.active_count()
+    rng = np.random.default_rng(12)
+    batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(8)]
+    counter = HostSyncCounter()
+    with counter:
+        run_training(host, cache, batches, lookahead=2)
+    assert threading.active_count() == threads_before
+    assert (counter.ops["sort"] > 0) == sorts, counter.ops["sort"]
+    assert cache.stats()["rows_loaded"] > 0
+    assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():
+    """A posted task's failure is raised by the next post or call on the posting thread, whether
+    the planner runs tasks inline (no streams) or on its thread (streams)."""
+    import threading
+
+    from dlrm_cache.embedding.freq_cache.planner import Planner
+    from dlrm_cache.streams import InlineStreams
+
+    class WithStreams(InlineStreams):
+        asynchronous = True
+
+    for streams, threaded in ((InlineStreams, False), (WithStreams, True)):
+        planner = Planner(streams(torch.device("cpu")), torch.device("cpu"))
+        assert planner.threaded == threaded
+        ran_on: list = []
+        planner.post(lambda: ran_on.append(threading.current_thread()))
+        assert planner.call(lambda: torch.is_grad_enabled()) is False  # tasks run under no_grad
+        assert (ran_on[0] is threading.current_thread()) == (not threaded)
+
+        def fail():
+            raise RuntimeError("planner task failed")
+
+        planner.post(fail)
+        with pytest.raises(RuntimeError, match="planner task failed"):
+            planner.call(lambda: None)
+        assert planner.call(lambda: 7) == 7  # raised once
+        planner.close()

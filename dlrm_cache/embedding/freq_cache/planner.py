@@ -1,5 +1,11 @@
 """The cache's own thread: every placement decision runs here, beside the training step.
 
+Where the device has streams (``Streams.asynchronous``: a GPU), the tasks run on a thread of their
+own.  Without streams (a CPU device) they run inline, on the posting thread, in the same order and
+under the same contexts: there the step's intra-op threads already keep every core busy, so a
+second thread has no idle core to overlap on, and its bursts preempt an intra-op worker that the
+step's next parallel region then waits for (docs/benchmarks.md has the measurement).
+
 The training thread posts tasks (a prefetched batch, a retirement with the compute stream's event,
 a demand for a batch it is about to forward) and returns at once; the planner runs them in the
 order posted, on the plan stream, under ``torch.no_grad()``.  Torch ops release the interpreter
@@ -36,20 +42,30 @@ def _stop_all() -> None:
     torch op at exit aborts the process)."""
     for planner in list(_live):
         planner.close()
-        planner._thread.join(timeout=60)
+        if planner._thread is not None:
+            planner._thread.join(timeout=60)
 
 
 class Planner:
     def __init__(
-        self, streams: Streams, device: torch.device, name: str = "freq_cache-planner"
+        self,
+        streams: Streams,
+        device: torch.device,
+        name: str = "freq_cache-planner",
+        threaded: bool | None = None,
     ) -> None:
+        """``threaded``: run tasks on a thread of their own (default: where ``streams`` are
+        asynchronous)."""
         self.streams = streams
         self.device = device
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        _live.add(self)
+        self.threaded = streams.asynchronous if threaded is None else threaded
+        self._thread: threading.Thread | None = None
+        if self.threaded:
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+            _live.add(self)
 
     def _run(self) -> None:
         if self.device.type == "cuda":
@@ -78,14 +94,27 @@ class Planner:
             error, self._error = self._error, None
             raise error
 
+    def _inline(self, fn: Callable[..., Any], args: tuple) -> Any:
+        st = self.streams
+        with st.use(st.plan), torch.no_grad():
+            return fn(*args)
+
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the planner, after the tasks posted so far; do not wait."""
         self._raise_pending()
+        if not self.threaded:
+            try:
+                self._inline(fn, args)
+            except BaseException as e:  # raised by the next post or call, as from the thread
+                self._error = e
+            return
         self._tasks.put((fn, args, None, self.streams.host_knowledge()))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the planner after the tasks posted so far; its result."""
         self._raise_pending()
+        if not self.threaded:
+            return self._inline(fn, args)
         future: Future = Future()
         self._tasks.put((fn, args, future, self.streams.host_knowledge()))
         result, knowledge = future.result()
