@@ -48,7 +48,8 @@ class DataConfig:
     )  # batches decoded ahead by the background reader thread
     analysis_threads: int = checked(
         2, ge=1
-    )  # loader threads for a CPU freq_cache's per-batch dedup (a GPU cache dedups on the device)
+    )  # loader threads for a CPU freq_cache's per-batch sort with row_map=sorted (the dense map
+    # dedups without one, a GPU cache on the device)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
