@@ -71,7 +71,8 @@ def _plan(cfg: DictConfig) -> None:
 
 
 def _bench(cfg: DictConfig) -> None:
-    from .bench.run import BenchFailed, bench
+    from .bench import BenchFailed
+    from .bench.run import bench
 
     try:
         bench(cfg)

@@ -37,15 +37,12 @@ from omegaconf import DictConfig
 from ..data.format import atomic_write_text
 from ..embedding.base import DeviceUnavailable
 from ..parallel.dist import resolve_device
+from . import BenchFailed
 from .breakdown import format_breakdown
 from .inputs import bench_tables, init_device, make_batches, zipf_counts
 from .loader import loader
 from .planning import planning
 from .steps import run_one, variants
-
-
-class BenchFailed(RuntimeError):
-    """Rows of the benchmark crashed, or none could run: the message says which and why."""
 
 
 def bench(cfg: DictConfig) -> list[dict[str, Any]]:
