@@ -214,6 +214,14 @@ def test_bench_preprocess_through_the_cli(tmp_path: Path, capsys):
     assert record["run"] == "workers=1" and record["lines"] == 3000
     assert {"parse", "count", "encode", "write"} <= set(record["cpu_s_per_stage"])
     assert (tmp_path / "work" / "w1" / "manifest.json").is_file()  # a real, complete dataset
+    # the peak RSS is the run's own, not this process's (torch and all) it was started from
+    assert record["max_rss_mb"] < _peak_rss_mb()
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def test_bench_preprocess_standalone_entry_is_the_same_bench(capsys):

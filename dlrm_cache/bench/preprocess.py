@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -89,26 +88,46 @@ def _seconds(listing: str) -> dict[str, float]:
     return out
 
 
+# A run is started by this small process (`python -I -S`, stdlib only), which prints the run's
+# wall time and rusage once it has ended: on Linux a child's peak RSS starts from that of the
+# process it was spawned from (the high-water mark before exec is kept), and this process holds
+# pyarrow (and under `dlrm-cache bench`, torch): hundreds of MB the run itself never used.
+_MEASURE = """
+import os, sys, time
+t0 = time.perf_counter()
+pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ)
+_, status, ru = os.wait4(pid, 0)
+wall = time.perf_counter() - t0
+print(f"\\nbench-rusage {wall} {ru.ru_utime + ru.ru_stime} {ru.ru_maxrss}", flush=True)
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+_USAGE = re.compile(r"\nbench-rusage ([\d.e+-]+) ([\d.e+-]+) (\d+)\n*\Z")  # _MEASURE's last line
+
+
 def _run(name: str, cmd: list[str], env: dict[str, str], lines: int, cwd: Path) -> Result:
     load0 = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _MEASURE, *cmd],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    out = proc.stdout.read() if proc.stdout else ""
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if (code := os.waitstatus_to_exitcode(status)) != 0:
+    usage = _USAGE.search(proc.stdout)
+    out = _USAGE.sub("", proc.stdout)  # the run's own output
+    if proc.returncode != 0 or usage is None:
         print(f"--- {name}: the last of its output\n{out[-3000:]}", file=sys.stderr)
         last = (out.strip().splitlines() or [""])[-1]
-        raise BenchFailed(f"{name}: exit status {code}: {last}")
+        raise BenchFailed(f"{name}: exit status {proc.returncode}: {last}")
     timings = _TIMINGS.search(out)
     return Result(
         name,
         lines,
-        wall,
-        usage.ru_utime + usage.ru_stime,
-        usage.ru_maxrss / 1024,
+        float(usage.group(1)),
+        float(usage.group(2)),
+        int(usage.group(3)) / 1024,
         (load0, os.getloadavg()[0]),
         _seconds(timings.group(1)) if timings else {},
         _seconds(timings.group(2)) if timings else {},
