@@ -47,6 +47,7 @@ class BenchKind(Choice):
     train = "train"
     planning = "planning"
     loader = "loader"
+    preprocess = "preprocess"
 
 
 class Precision(Choice):

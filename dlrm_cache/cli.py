@@ -71,7 +71,8 @@ def _plan(cfg: DictConfig) -> None:
 
 
 def _bench(cfg: DictConfig) -> None:
-    from .bench.run import BenchFailed, bench
+    from .bench import BenchFailed
+    from .bench.run import bench
 
     try:
         bench(cfg)
@@ -127,7 +128,11 @@ COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
         "train and evaluate a DLRM (embedding=host|hbm|uvm_cache|freq_cache)",
     ),
     "plan": ("plan", _plan, "predict the cache hit rate per cache ratio from the frequency stats"),
-    "bench": ("bench", _bench, "embedding-layer and training-step benchmarks"),
+    "bench": (
+        "bench",
+        _bench,
+        "benchmarks: embedding layer, training step, planning, input pipeline, preprocess",
+    ),
     "report": (
         "report",
         _report,

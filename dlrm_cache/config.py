@@ -226,7 +226,8 @@ class PlanConfig:
 @dataclass
 class BenchConfig:
     """`dlrm-cache bench`: embedding layer alone (``kind=embedding``), a DLRM step (``kind=train``),
-    the freq_cache's planning (``kind=planning``) or the input pipeline (``kind=loader``)."""
+    the freq_cache's planning (``kind=planning``), the input pipeline (``kind=loader``) or
+    `dlrm-cache preprocess` itself (``kind=preprocess``)."""
 
     kind: BenchKind = BenchKind.embedding
     backends: list[Backend] = checked(
@@ -271,6 +272,20 @@ class BenchConfig:
     prefetch_batches: int = checked(
         4, ge=1
     )  # loader kind: the loader thread's queue, as data.prefetch_batches
+    # preprocess kind: `dlrm-cache preprocess` runs in fresh processes on raw Criteo text
+    preprocess_input: str | None = None  # a raw file, or a directory of day_N files (required)
+    preprocess_baseline: str | None = None  # root of another source tree, run beside this one
+    workers: list[int] = checked(
+        factory=lambda: [0], ge=0, nonempty=True
+    )  # one run of this checkout per value, as preprocess's workers (0: the usable cores)
+    repeats: int = checked(2, ge=1)  # rounds of every run, interleaved (A B A B ...)
+    peer_lines: int = checked(
+        500_000, ge=0
+    )  # torchrec's tsv_to_npys on the input's first N lines (0: no peer run)
+    work_dir: str | None = None  # the runs' outputs, kept (default: a temp dir, removed)
+    preprocess_overrides: dict[str, Any] = field(
+        default_factory=dict
+    )  # more preprocess settings for every run: +preprocess_overrides.hash_modulus=40000000
 
 
 @dataclass

@@ -162,6 +162,77 @@ def test_bench_loader_needs_a_dataset():
         bench(_cfg(kind="loader"))
 
 
+def _table(printed: str, header_start: str) -> dict[str, dict[str, str]]:
+    """A markdown table of the printed output, as {first cell: {column: cell}}."""
+    lines = printed.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    columns = [c.strip() for c in lines[at].strip("|").split("|")]
+    rows = {}
+    for line in lines[at + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(columns, cells))
+    return rows
+
+
+def test_bench_preprocess_through_the_cli(tmp_path: Path, capsys):
+    """`dlrm-cache bench kind=preprocess`: the real preprocess command, in a process of its own, on
+    tiny raw input; printed: its lines/s and its CPU seconds per stage (where the time goes)."""
+    from dlrm_cache.cli import main
+    from dlrm_cache.data.config import SynthConfig
+    from dlrm_cache.data.synth import synth
+
+    raw = tmp_path / "raw"
+    synth(
+        SynthConfig(
+            output=str(raw), lines=3000, cardinality_scale=0.0005, min_cardinality=8, progress=False
+        )
+    )
+    out = tmp_path / "pp.json"
+    main(
+        [
+            "bench",
+            "kind=preprocess",
+            f"preprocess_input={raw}",
+            "workers=[1]",
+            "repeats=1",
+            "peer_lines=0",
+            f"work_dir={tmp_path / 'work'}",
+            f"output={out}",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+        ]
+    )
+    printed = capsys.readouterr().out
+    run = _table(printed, "| run | lines | wall s | lines/s |")["workers=1"]
+    assert run["lines"] == "3,000" and float(run["lines/s"].replace(",", "")) > 0
+    stages = _table(printed, "| run | parse |")["workers=1"]
+    for stage in ("parse", "count", "encode", "write"):
+        assert float(stages[stage]) >= 0, stages
+    assert "workers=1: " in printed and "lines/s (best)" in printed
+    (record,) = json.loads(out.read_text())
+    assert record["run"] == "workers=1" and record["lines"] == 3000
+    assert {"parse", "count", "encode", "write"} <= set(record["cpu_s_per_stage"])
+    assert (tmp_path / "work" / "w1" / "manifest.json").is_file()  # a real, complete dataset
+    # the peak RSS is the run's own, not this process's (torch and all) it was started from
+    assert record["max_rss_mb"] < _peak_rss_mb()
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_bench_preprocess_standalone_entry_is_the_same_bench(capsys):
+    from dlrm_cache.bench.preprocess import main
+
+    with pytest.raises(SystemExit, match="preprocess_input=/nonexistent/raw: no such file"):
+        main(["--input", "/nonexistent/raw"])
+    with pytest.raises(SystemExit, match=r"repeats=0: must be >= 1"):
+        main(["--input", "/nonexistent/raw", "--repeats", "0"])
+
+
 def test_bench_train_runs_every_precision_and_compile_setting_with_a_breakdown():
     res = bench(
         _cfg(

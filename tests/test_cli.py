@@ -148,6 +148,11 @@ def test_wheel_ships_configs(tmp_path):
             ["plan", "data_path=/nonexistent/ds"],
             "/nonexistent/ds/manifest.json: no manifest; run `dlrm-cache preprocess` first (or point data_path at",
         ),
+        (["bench", "kind=preprocess"], "preprocess_input: kind=preprocess needs raw Criteo text"),
+        (
+            ["bench", "kind=preprocess", "preprocess_input=/nonexistent/raw"],
+            "preprocess_input=/nonexistent/raw: no such file or directory",
+        ),
         # Hydra's own composition errors, one line too
         (
             ["train", "embedding=nope"],

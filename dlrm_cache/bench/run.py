@@ -14,6 +14,10 @@ failure policy); each kind of benchmark is a module of its own.
   batches ready for the step, through training's own path (shard stream, shuffle, rank share, KJT,
   pinned memory and device copy on a GPU), beside the rate of reading the same shards with parquet
   alone (the ceiling): bench/loader.py.
+* ``kind=preprocess``: `dlrm-cache preprocess` itself on raw Criteo text (``preprocess_input``), in
+  fresh processes per ``workers`` value (and a ``preprocess_baseline`` tree, torchrec's parser):
+  lines/s, CPU time, peak memory and CPU seconds per stage (parse, count, encode, write):
+  bench/preprocess.py.
 
 Every backend runs in the same process on the same batches; results are reported as ms/iter and as
 a ratio against the first baseline present (``hbm``, else ``host``), so figures compare within one
@@ -37,25 +41,22 @@ from omegaconf import DictConfig
 from ..data.format import atomic_write_text
 from ..embedding.base import DeviceUnavailable
 from ..parallel.dist import resolve_device
+from . import BenchFailed
 from .breakdown import format_breakdown
 from .inputs import bench_tables, init_device, make_batches, zipf_counts
 from .loader import loader
 from .planning import planning
+from .preprocess import preprocess_bench
 from .steps import run_one, variants
 
 
-class BenchFailed(RuntimeError):
-    """Rows of the benchmark crashed, or none could run: the message says which and why."""
-
-
 def bench(cfg: DictConfig) -> list[dict[str, Any]]:
+    if cfg.kind == "preprocess":  # fresh processes, no device; no figure: tables, printed
+        return _write_json(cfg, preprocess_bench(cfg))
     device = resolve_device(cfg.device)
     init_device(device)
     if cfg.kind == "loader":  # no figure: one rate per epoch, printed
-        results = loader(cfg, device)
-        if cfg.output:
-            atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
-        return results
+        return _write_json(cfg, loader(cfg, device))
     tables = bench_tables(cfg)
     sizes = [t.num_rows for t in tables]
     batches = make_batches(sizes, cfg.batch_size, cfg.distinct_batches, cfg.zipf_alpha, cfg.seed)
@@ -140,9 +141,14 @@ def bench_series(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
+def _write_json(cfg: DictConfig, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if cfg.output:
         atomic_write_text(cfg.output, json.dumps(results, indent=1, default=float))
+    return results
+
+
+def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
+    _write_json(cfg, results)
     if cfg.figure and any("error" not in r for r in results):
         from ..figures import draw_bench
 
