@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -257,12 +257,12 @@ def _file_lines(total: int, files: int) -> list[int]:
 
 
 @contextmanager
-def _atomic_output(path: Path, gz: bool) -> Iterator[BinaryIO]:
+def _atomic_output(path: Path, gz: bool) -> Iterator[IO[bytes]]:
     """An atomically written day file, gzip-compressed when ``gz``."""
     with atomic_file(path, "wb") as raw:
         if gz:  # mtime=0 and no file name in the header: byte-identical across runs
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as f:
-                yield f  # type: ignore[misc]
+                yield f  # type: ignore[misc]  # typeshed's GzipFile is no IO[bytes]
         else:
             yield raw
 
@@ -293,9 +293,9 @@ def _auroc(score: np.ndarray, label: np.ndarray) -> float:
     import torch
     from torchmetrics.functional import auroc
 
-    return float(
-        auroc(torch.from_numpy(score), torch.from_numpy(label.astype(np.int64)), task="binary")
-    )
+    auc = auroc(torch.from_numpy(score), torch.from_numpy(label.astype(np.int64)), task="binary")
+    assert auc is not None  # None only for an unknown task
+    return float(auc)
 
 
 def _make_chunk(model: PlantedModel, cfg: Any, seed: int, file_i: int, chunk_i: int, n: int):

@@ -133,7 +133,8 @@ def _save(obj: dict[str, Any], path: Path) -> int:
     with open(path, "wb") as f:
         out = _Writes(f)
         try:
-            torch.save(obj, out)
+            # torch.save only calls write/flush on a file object, but its annotation says IO[bytes]
+            torch.save(obj, out)  # type: ignore[arg-type]
         except RuntimeError:
             if out.error is not None:  # torch's writer reports a failed write without its reason
                 raise out.error from None

@@ -59,6 +59,7 @@ class Pipeline:
 
     def _analyze(self, batch: Batch) -> Batch:
         """Loader thread: the backend's cache-independent work on a future batch."""
+        assert self.backend is not None  # set up only when lookahead > 0, which needs a backend
         batch.analysis = self.backend.analyze(batch.sparse)
         return batch
 
@@ -76,6 +77,7 @@ class Pipeline:
         for host in self._reader:
             batch, ready = self._to_device(host)
             if self.lookahead:
+                assert self.backend is not None  # lookahead > 0 comes from a backend
                 self.backend.prefetch(batch.sparse, host.analysis)
             window.append((batch, ready))
             if len(window) > self.lookahead:
@@ -106,6 +108,7 @@ class Pipeline:
         if self.lookahead:
             # batches fetched past the last step are never forwarded (this loop's only: an
             # evaluation between training steps leaves the training window alone)
+            assert self.backend is not None  # lookahead > 0 comes from a backend
             self.backend.cancel_prefetch(grad=self.train)
 
     def __enter__(self) -> Pipeline:

@@ -73,6 +73,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from ...streams import streams_for
@@ -101,6 +104,7 @@ log = logging.getLogger(__name__)
 
 
 class FreqCacheBackend(OverflowPath, EmbeddingBackend):
+    tbe: SplitTableBatchedEmbeddingBagsCodegen  # set in __init__, outside the module's registry
     uses_counts = True
 
     def __init__(
@@ -238,7 +242,8 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         return self._analyze(features)
 
     # The training thread's side: post to the planner, never touch the slots ----------------
-    def prefetch(self, features: KeyedJaggedTensor, analysis: Analysis | None = None) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
+        # ``analysis``: what ``analyze`` returned (an Analysis or None), as the base declares it
         self._retire()
         b = WindowBatch.new(features, torch.is_grad_enabled())
         self._fifo.append(b)
@@ -265,6 +270,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             self._planner.call(self._p_add_stall, stall)  # the planner is idle from here on
             out = self._forward_overflow(b, features)
             return pooled(features, out, self.dim)
+        assert b.indices is not None  # placed: _prepare set them, _p_forwarded clears them later
         self.mover.wait_ready(b.event, b.indices)
         offsets = features.offsets().to(self.device, dtype=torch.int64, non_blocking=True)
         out = self.tbe(b.indices, offsets)
@@ -354,6 +360,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
     def _p_forwarded(self, b: WindowBatch, stall: float) -> None:
         self._counters.add("stall_s", stall)
+        assert b.hit is not None  # set by its first _prepare
         self._count_hits(b, b.hit)  # only forwarded batches count (not a window cancelled)
         b.indices, b.event = None, None
         self._inflight.append(b)
@@ -368,6 +375,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             if b.overflow is not None:
                 self._retire_overflow(b)
             else:
+                assert b.pinned is not None  # forwarded without overflow: prepared
                 self.slots.pin_add(b.pinned, -1)
         self._inflight.clear()
         self._try_prepare()
@@ -513,6 +521,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         return torch.where(static, rank + self._t_static_off[table], self.slots.lookup(rows))
 
     def _mark_dirty(self, b: WindowBatch) -> None:
+        assert b.pinned is not None  # called for prepared batches only
         with self.mover.planning():
             self.slots.mark_dirty(b.pinned)
 
@@ -537,7 +546,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             miss = ~hit
             if not sized:  # the padding (the scratch id) is never resident: not a miss
                 miss &= torch.arange(b.uniq.numel(), device=self.device) < b.n_uniq
-            sizes = [miss.sum(), free.sum(), b.bad.to(torch.int64)] + ([] if sized else [b.n_uniq])
+            sizes = [miss.sum(), free.sum(), b.bad.to(torch.int64)]
+            if not isinstance(b.n_uniq, int):  # not sized
+                sizes.append(b.n_uniq)
             n_miss, n_free, bad, *n_uniq = self.mover.read(torch.stack(sizes))
             if bad:  # the batch is dropped: the cache stays as it was, usable for other batches
                 s.pin.index_add_(0, su.clamp(min=0), -hit_i)
@@ -552,6 +563,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
                     s.pin.index_add_(0, su.clamp(min=0), -hit.to(torch.int32))
                     return False
                 victims = self.policy.choose(n_miss, free)
+                assert victims is not None  # given ``free``, with n_miss <= n_free
                 miss_idx = torch.nonzero_static(~hit, size=n_miss).squeeze(1)
                 self._evict_and_load(victims, b.uniq[miss_idx])
                 s.pin_add(victims, 1)
@@ -591,6 +603,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
     def _unprepare(self, b: WindowBatch) -> None:
         if b.prepared:
             b.ready.clear()
+            assert b.pinned is not None  # prepared
             with self.mover.planning():
                 self.slots.pin_add(b.pinned, -1)
             b.prepared, b.pinned, b.indices, b.event = False, None, None, None

@@ -78,7 +78,10 @@ class CacheLayout:
 
 
 def expected_window_rows(
-    rows: Sequence[int], static_rows: Sequence[int], counts: Sequence[np.ndarray] | None, draws: int
+    rows: Sequence[int] | np.ndarray,
+    static_rows: Sequence[int] | np.ndarray,
+    counts: Sequence[np.ndarray] | None,
+    draws: int,
 ) -> int:
     """Distinct non-static rows among ``draws`` ids per table (one id per sample and table, drawn
     by the dataset's frequencies, with or without replacement), plus a margin of ``WINDOW_SIGMAS`` standard deviations.  Without
@@ -104,7 +107,7 @@ def expected_window_rows(
 
 
 def cache_layout(
-    rows: Sequence[int],
+    rows: Sequence[int] | np.ndarray,
     ratio: float,
     static_fraction: float = 0.5,
     counts: Sequence[np.ndarray] | None = None,

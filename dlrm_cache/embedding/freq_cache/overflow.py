@@ -9,17 +9,41 @@ batch retires, when its trained rows go back to their slots or to the host store
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..base import SparseOptim, TableSpec
 from ..tbe import make_tbe, momentum_view, weights_view
+from .batch import WindowBatch
+from .counters import Counters
+from .mover import Mover
+from .policy import EvictionPolicy
+from .slots import SlotTable
+from .store import HostStore
 
 
 class OverflowPath:
     """The overflow path of :class:`~.backend.FreqCacheBackend` (a mixin over its state)."""
 
-    def _forward_overflow(self, b, features: KeyedJaggedTensor) -> torch.Tensor:
+    # The backend's state and helpers this path uses (declared for the type checker only).
+    tables: list[TableSpec]
+    optim: SparseOptim
+    dim: int
+    device: torch.device
+    store: HostStore
+    slots: SlotTable
+    policy: EvictionPolicy
+    mover: Mover
+    _lr: float
+    _counters: Counters
+    _inflight: list[WindowBatch]
+    _slot_of: Callable[[torch.Tensor], torch.Tensor]
+    _evict_and_load: Callable[[torch.Tensor, torch.Tensor], None]
+    _count_hits: Callable[[WindowBatch, torch.Tensor], None]
+
+    def _forward_overflow(self, b: WindowBatch, features: KeyedJaggedTensor) -> torch.Tensor:
         self._counters.add("overflow_batches", 1)
         with torch.no_grad(), self.mover.planning():
             # a batch gets here after a _prepare that read its sizes: uniq is trimmed
@@ -32,7 +56,9 @@ class OverflowPath:
             k = min(misses.numel(), self.slots.num_dynamic)
             if k:
                 admit = self.policy.admit_first(misses, k)
-                self._evict_and_load(self.policy.choose(k), admit)
+                victims = self.policy.choose(k)
+                assert victims is not None  # nothing is pinned: every dynamic slot is free
+                self._evict_and_load(victims, admit)
             slots = self._slot_of(rows)
             self.policy.observe(rows, b.counts, slots, all_held=False)
             self._count_hits(b, resident)
@@ -51,8 +77,10 @@ class OverflowPath:
             tw[res] = self.mover.cache_w[slots[res]]
             tw[~res] = self.store.weight[rows[~res]]
             if tm is not None:
-                tm[res] = self.mover.cache_m[slots[res]]
-                tm[~res] = self.store.momentum[rows[~res]]
+                cache_m, store_m = self.mover.cache_m, self.store.momentum
+                assert cache_m is not None and store_m is not None  # the optimizer keeps momentum
+                tm[res] = cache_m[slots[res]]
+                tm[~res] = store_m[rows[~res]]
         self._counters.add("rows_loaded", int((~res).sum()))
         b.train = torch.is_grad_enabled()
         b.overflow = dict(tbe=tmp, rows=rows, slots=slots, res=res, optim=optim)
@@ -62,10 +90,11 @@ class OverflowPath:
         return out
 
     @torch.no_grad()
-    def _retire_overflow(self, b) -> None:
+    def _retire_overflow(self, b: WindowBatch) -> None:
         o, b.overflow = b.overflow, None
         if not b.train:
             return
+        assert o is not None  # called for overflow batches only
         self.mover.sync()
         tw = weights_view(o["tbe"], self.dim)
         tm = momentum_view(o["tbe"], o["optim"], self.dim)
@@ -74,6 +103,7 @@ class OverflowPath:
         cache_w.index_copy_(0, slots[res], tw[res])
         store.weight.index_copy_(0, rows[~res], tw[~res])
         if tm is not None:
+            assert cache_m is not None and store.momentum is not None  # momentum kept
             cache_m.index_copy_(0, slots[res], tm[res])
             store.momentum.index_copy_(0, rows[~res], tm[~res])
         self.slots.dirty[slots[res]] = True
