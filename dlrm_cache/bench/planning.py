@@ -22,12 +22,15 @@ from .syncs import HostSyncCounter
 def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str, Any]]:
     """kind=planning: the freq_cache's own cost per batch, split by thread.
 
-    ``prefetch`` hands the batch to the cache's planner thread; the time measured here is until
-    the planner has placed it (``settle``) and the device has finished (what one batch's planning
-    and copies cost, off the step's critical path in training).
+    ``prefetch`` hands the batch to the cache's planner (its thread on a GPU; inline on a CPU);
+    the time measured here is until the planner has placed it (``settle``) and the device has
+    finished (what one batch's planning and copies cost, off the step's critical path in training
+    on a GPU).
 
-    ``analyze`` (dedup, global rows, the out-of-range flag) runs in the loader thread for a CPU
-    cache; a GPU cache does it inside ``prefetch`` on the device.  ``prefetch`` (lookups, eviction,
+    ``analyze`` (dedup, global rows, the out-of-range flag) runs in the loader thread only for a
+    CPU cache with ``row_map=sorted``; otherwise the planner does it inside ``prefetch`` (on a GPU
+    on the device; on a CPU with the dense map through the map, where its ``nonzero`` and
+    ``bincount`` are no synchronization, though the counter below lists them).  ``prefetch`` (lookups, eviction,
     row copies) is timed in the training thread up to a device synchronize, so on a GPU it is the
     plan + copy latency of one batch; with the look-ahead window it overlaps the steps of earlier
     batches, so it must stay below the step time, not add to it.  After the timed batches,

@@ -805,3 +805,21 @@ def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():
             planner.call(lambda: None)
         assert planner.call(lambda: 7) == 7  # raised once
         planner.close()
+
+
+def test_stall_counts_the_placement_of_batches_not_prefetched():
+    """``stall_s``: the training thread's time on batches that were not placed ahead, which on a
+    CPU (inline planner) is the placement itself; prefetched batches add (next to) none."""
+    tables = make_tables([20000, 5000, 300, 8000])
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    rng = np.random.default_rng(13)
+    batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(6)]
+    stalls = {}
+    for lookahead in (0, 2):
+        host, cache = pair(
+            tables, optim, cache_ratio=0.03, lookahead=lookahead, counts=make_counts(tables)
+        )
+        run_training(host, cache, batches, lookahead=lookahead)
+        stalls[lookahead] = cache.stats()["stall_s"]
+    assert stalls[0] > 0
+    assert stalls[2] < stalls[0] / 5, stalls

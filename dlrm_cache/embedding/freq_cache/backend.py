@@ -16,7 +16,8 @@ Layout
     gets ``static_fraction`` of its own share.  ``static_fraction=0`` gives a pure lfu/lru cache.
 
 Where the work runs
-    On the training thread: nothing but posting tasks and the lookup itself.  Every placement
+    On the training thread: nothing but posting tasks and the lookup itself (on a CPU the
+    planner runs the tasks inline there, see planner.py).  Every placement
     decision runs on the cache's planner thread (planner.py), in torch ops on the cache's device and
     its high-priority plan stream (see mover.py and dlrm_cache/streams.py): dedup of a batch's ids
     (one sort of int32 keys, where they fit, into buffers with room for every id), lookups (binary
@@ -241,13 +242,13 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             return None  # the planner does it (dedup through the map uses its scratch array)
         return self._analyze(features)
 
-    # The training thread's side: post to the planner, never touch the slots ----------------
+    # The training thread's side: post to the planner (which, inline on a CPU, runs the task) ---
     def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
         # ``analysis``: what ``analyze`` returned (an Analysis or None), as the base declares it
         self._retire()
         b = WindowBatch.new(features, torch.is_grad_enabled())
+        self._planner.post(self._p_prefetch, b, analysis)  # raises a pending failure first
         self._fifo.append(b)
-        self._planner.post(self._p_prefetch, b, analysis)
 
     def step_done(self) -> None:
         """The last forwarded batch's backward has been issued (optional: any later call implies it)."""
@@ -257,11 +258,11 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self._retire()
         train = torch.is_grad_enabled()
         b = pop_prefetched(self._fifo, features, lambda b: b.kjt, lambda b: b.train)
+        t0 = time.perf_counter()  # an inline planner places the batch within the posts below
         if b is None:  # ad hoc: placed now
             b = WindowBatch.new(features, train)
             self._planner.post(self._p_prefetch, b, None, True)
         self._planner.post(self._p_demand, b, train)
-        t0 = time.perf_counter()
         b.wait(self.mover.streams)
         stall = time.perf_counter() - t0
         if b.error is not None:
@@ -451,9 +452,11 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         without a host synchronization.
 
         KJT values are feature-major, so the table of every id comes from ``length_per_key`` (host
-        data) with one ``repeat_interleave`` of known size.  Deduplication is one sort of the ids'
-        global rows (int32 keys where they fit) into buffers with room for every id: the number of
-        distinct rows is read later, with the other sizes of the prefetch, in one host read.
+        data) with one ``repeat_interleave`` of known size (numpy's on a CPU).  Deduplication, with
+        streams or the sorted map, is one sort of the ids' global rows (int32 keys where they fit)
+        into buffers with room for every id: the number of distinct rows is read later, with the
+        other sizes of the prefetch, in one host read.  A CPU cache with the dense map dedups
+        through it instead (``SlotTable.dedup``), sizes known at once.
         """
         keys = kjt.keys()
         if list(keys) != self.feature_names:
@@ -466,7 +469,9 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self.mover.planning_input(kjt.values())
         with self.mover.planning():
             v = kjt.values().to(dev, dtype=torch.int64, non_blocking=True)
-            if dev.type == "cpu":  # numpy's repeat is several times cheaper than torch's there
+            if (
+                not self.mover.streams.asynchronous
+            ):  # a CPU: numpy's repeat is several times cheaper
                 table = torch.from_numpy(np.repeat(np.arange(len(lpk)), lpk))
             else:
                 lpk_t = self.mover.to_device(torch.from_numpy(lpk))

@@ -14,7 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 @dataclasses.dataclass(eq=False)
 class Analysis:
     """What a batch needs that does not depend on the cache's state (``analyze``); on the cache's
-    device.  From a sort (with streams), ``uniq``/``counts`` have room for every id (fixed
+    device.  From a sort (a device with streams, or the sorted map), ``uniq``/``counts`` have room for every id (fixed
     capacity: deduplication without reading a size) until the batch's first placement reads
     ``n_uniq`` and trims them; from the dense map's dedup (no streams), they are exact, in order
     of first occurrence, and ``n_uniq`` is an int from the start."""

@@ -7,10 +7,10 @@ second thread has no idle core to overlap on, and its bursts preempt an intra-op
 step's next parallel region then waits for (docs/benchmarks.md has the measurement).
 
 The training thread posts tasks (a prefetched batch, a retirement with the compute stream's event,
-a demand for a batch it is about to forward) and returns at once; the planner runs them in the
-order posted, on the plan stream, under ``torch.no_grad()``.  Torch ops release the interpreter
-lock, so the cache's planning and row transfers overlap the step on a CPU's second core as they
-overlap it on a GPU.  ``call`` runs a task and waits for it (and so for every task posted before
+a demand for a batch it is about to forward) and, with the thread, returns at once; the planner
+runs them in the order posted, on the plan stream, under ``torch.no_grad()``.  Torch ops release
+the interpreter lock, so on a GPU the cache's planning and row transfers overlap the step.
+``call`` runs a task and waits for it (and so for every task posted before
 it): flush, export, import, stats and cancellation go through it, and while the training thread
 waits in ``call`` or right after it, the planner is idle and owns nothing.
 
@@ -100,13 +100,14 @@ class Planner:
             return fn(*args)
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the planner, after the tasks posted so far; do not wait."""
+        """Run ``fn(*args)`` on the planner, after the tasks posted so far; with the thread, do
+        not wait (inline, it has run on return)."""
         self._raise_pending()
         if not self.threaded:
             try:
                 self._inline(fn, args)
-            except BaseException as e:  # raised by the next post or call, as from the thread
-                self._error = e
+            except Exception as e:  # raised by the next post or call, as from the thread
+                self._error = e  # (an interrupt or exit goes through at once)
             return
         self._tasks.put((fn, args, None, self.streams.host_knowledge()))
 

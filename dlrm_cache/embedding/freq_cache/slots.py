@@ -16,7 +16,9 @@ Which slot holds a row (``row_map``):
   On the CPU that map is host memory like the tables themselves, and it updates in O(rows moved)
   where a CPU sort of the dynamic region costs tens of milliseconds per batch at Criteo sizes.
   A second row-sized array serves ``dedup`` (a batch's distinct rows in O(ids), no sort).
-Both keep the same rows resident; the tests run both.
+Both place every batch correctly (training equals the uncached tables'); where scores tie (lru,
+equal counts) they may evict different rows, since the dense dedup lists a batch's rows in order
+of first occurrence and the sorted one in row order.  The tests run both.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class SlotTable:
         self.dirty = torch.zeros(num_slots, dtype=torch.bool, device=device)
         if row_map == "dense":
             self.row_slot = torch.full((num_rows + 1,), -1, dtype=torch.int32, device=device)
-            self._first = torch.zeros(num_rows + 1, dtype=torch.int32, device=device)
+            self._first: torch.Tensor | None = None  # dedup's scratch, made at its first use
         else:
             self._resort()
 
@@ -73,6 +75,8 @@ class SlotTable:
         Each row's first position is a scatter-min over the row-sized scratch array (only the
         entries of ``rows`` are written and read back, so it is never cleared): O(ids), where a
         sort of the batch's ids costs several times more on a CPU."""
+        if self._first is None:
+            self._first = torch.zeros_like(self.row_slot)
         pos = torch.arange(rows.numel(), dtype=torch.int32, device=rows.device)
         self._first.index_fill_(0, rows, rows.numel())
         self._first.scatter_reduce_(0, rows, pos, "amin")
