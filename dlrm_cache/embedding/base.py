@@ -84,6 +84,13 @@ class EmbeddingBackend(nn.Module):
     # whether every row lives in host memory (all placements but hbm): the host-memory check counts it
     keeps_rows_in_host_memory: bool = True
 
+    @classmethod
+    def host_bytes_per_row(cls, device: torch.device, settings: dict[str, Any]) -> int:
+        """Host bytes this placement keeps per table row besides the row and its optimizer state
+        (counts, a row map), for the host-memory checks; ``settings``: its ``embedding`` config
+        as plain values."""
+        return 0
+
     def __init__(self, tables: list[TableSpec], optim: SparseOptim) -> None:
         super().__init__()
         if not tables:

@@ -99,6 +99,7 @@ def plan_placement(
     cache_ratio: float | None = None,
     counts: dict[str, np.ndarray] | None = None,
     shard_rows_above: int = 0,
+    extra_row_bytes: int = 0,
 ) -> Placement:
     """Greedy longest-processing-time assignment of shards to ranks.
 
@@ -106,8 +107,9 @@ def plan_placement(
     MISS_COST more (hit rates from the frequency statistics when there are any, else the cache
     ratio).  Without a cache (``cache_ratio`` None) every lookup is a hit.  A table larger than
     one rank's budget (or than ``shard_rows_above`` rows, when set) is split into row ranges.
+    ``extra_row_bytes``: the placement's host bookkeeping per row (``host_bytes_per_row``).
     """
-    per_row = optim.row_bytes(tables[0].dim)
+    per_row = optim.row_bytes(tables[0].dim) + extra_row_bytes
     need_total = sum(t.num_rows for t in tables) * per_row
     if need_total > world * host_budget_bytes:
         raise ValueError(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ..data.format import Manifest
 from ..data.loader import ShardStream
@@ -63,21 +63,33 @@ def host_budget(cfg: DictConfig, local_ranks: int) -> float:
     )
 
 
-def check_host_memory(cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim) -> None:
+def host_row_overhead(cfg: DictConfig, device: torch.device) -> int:
+    """The placement's host bytes per table row besides the row itself (its bookkeeping)."""
+    backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
+    settings = OmegaConf.to_container(cfg.embedding, resolve=True, enum_to_str=True)
+    assert isinstance(settings, dict)
+    return backend.host_bytes_per_row(device, {str(k): v for k, v in settings.items()})
+
+
+def check_host_memory(
+    cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim, device: torch.device
+) -> None:
     """Fail before allocating when the tables cannot fit in host memory (one process).
 
     Start-up holds the initial rows (built on the host) next to the placement's own host copy
-    (every placement but hbm keeps all rows in host memory).
+    (every placement but hbm keeps all rows in host memory), plus the placement's per-row
+    bookkeeping.
     """
     budget = host_budget(cfg, 1)
     table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
+    extra = sum(t.num_rows for t in tables) * host_row_overhead(cfg, device)
     backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
     copies = 2 if backend.keeps_rows_in_host_memory else 1
-    if table_bytes * copies > budget:
+    if table_bytes * copies + extra > budget:
         raise ValueError(
             f"host_memory_gb: the embedding tables take {table_bytes / 2**30:.2f} GiB "
-            f"(x{copies} while they are initialized) but {budget / 2**30:.2f} GiB of host memory "
-            "are available; use more processes (torchrun shards the tables), a smaller "
+            f"(x{copies} while they are initialized) and the placement's bookkeeping "
+            f"{extra / 2**30:.2f} GiB, but {budget / 2**30:.2f} GiB of host memory are available; use more processes (torchrun shards the tables), a smaller "
             "model.embedding_dim, preprocess with hash_modulus, or set host_memory_gb if the estimate is wrong"
         )
 
@@ -92,7 +104,7 @@ def build_embeddings(
     ]
     make, optim, counts = embedding_factory(cfg, data_path, device)
     if not info.distributed:
-        check_host_memory(cfg, tables, optim)
+        check_host_memory(cfg, tables, optim, device)
         embeddings = make(tables)
         embeddings.import_tables(initial_state(tables, optim, cfg.seed))
         return embeddings, None
@@ -105,6 +117,7 @@ def build_embeddings(
         cfg.embedding.get("cache_ratio"),
         counts,
         cfg.shard_rows_above,
+        host_row_overhead(cfg, device),
     )
     if info.is_main:
         log.info(

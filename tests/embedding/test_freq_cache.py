@@ -823,3 +823,64 @@ def test_stall_counts_the_placement_of_batches_not_prefetched():
         stalls[lookahead] = cache.stats()["stall_s"]
     assert stalls[0] > 0
     assert stalls[2] < stalls[0] / 5, stalls
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"policy": "freq"},
+        {"policy": "freq", "refresh_counts": True},
+        {"policy": "lfu", "row_map": "dense"},
+        {"policy": "lru", "row_map": "sorted"},
+    ],
+)
+def test_host_bytes_per_row_is_what_the_cache_allocates(settings):
+    """``host_bytes_per_row`` (the host-memory checks' per-row bookkeeping) against the bytes a
+    CPU cache really holds per table row: its store's counts, its row map and dedup scratch."""
+    tables = make_tables([20000, 5000, 300, 8000])
+    counts = make_counts(tables) if settings["policy"] == "freq" else None
+    cache = FreqCacheBackend(
+        tables,
+        SparseOptim("rowwise_adagrad"),
+        device="cpu",
+        cache_ratio=0.03,
+        counts=counts,
+        **settings,
+    )
+    run_training(
+        HostBackend(tables, SparseOptim("rowwise_adagrad")),
+        cache,
+        [make_batch(np.random.default_rng(1), tables, 64, multi_hot=set())],
+        lookahead=1,
+    )
+    held = [cache.store.counts, cache.store.observed]
+    if cache.slots.row_map == "dense":
+        held += [cache.slots.row_slot, cache.slots._first]
+    rows = sum(t.num_rows for t in tables)
+    per_row = sum(t.nbytes for t in held if t is not None) / rows
+    assert FreqCacheBackend.host_bytes_per_row(torch.device("cpu"), settings) == round(per_row)
+
+
+def test_host_memory_check_counts_the_cache_bookkeeping():
+    """A budget that holds two copies of the tables but not the cache's counts and row map: the
+    freq_cache is refused before allocating, the host placement is not."""
+    from omegaconf import OmegaConf
+
+    from dlrm_cache.train.build import check_host_memory
+
+    tables = make_tables([20000, 5000, 300, 8000])
+    optim = SparseOptim("rowwise_adagrad")
+    rows = sum(t.num_rows for t in tables)
+    budget = (2 * rows * optim.row_bytes(DIM) + rows * 8) / 2**30  # half the cache's 16 B a row
+
+    def cfg(target, **emb):
+        return OmegaConf.create(
+            {"host_memory_gb": budget, "embedding": {"_target_": target, **emb}}
+        )
+
+    check_host_memory(
+        cfg("dlrm_cache.embedding.direct.HostBackend"), tables, optim, torch.device("cpu")
+    )
+    fc = cfg("dlrm_cache.embedding.freq_cache.FreqCacheBackend", policy="freq", row_map="auto")
+    with pytest.raises(ValueError, match=r"host_memory_gb: .* and the placement's bookkeeping"):
+        check_host_memory(fc, tables, optim, torch.device("cpu"))

@@ -98,7 +98,7 @@ from .overflow import OverflowPath
 from .planner import Planner
 from .policy import EvictionPolicy
 from .settings import check_settings, flatten_counts
-from .slots import SlotTable
+from .slots import SlotTable, resolve_row_map
 from .store import HostStore
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,22 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self._counters = self._zero_stats()
         self._planner = Planner(self.mover.streams, self.device)
         weakref.finalize(self, self._planner.close)
+
+    @classmethod
+    def host_bytes_per_row(cls, device: torch.device, settings: dict[str, Any]) -> int:
+        """The host store's counts (float64 dataset counts for ``freq``; int64 observed ones for
+        ``lfu`` or ``refresh_counts``), and on a CPU the dense row map with its dedup scratch
+        (two int32): what HostStore and SlotTable allocate per row."""
+        policy = settings.get("policy", "freq")
+        n = 8 if policy == "freq" else 0
+        if policy == "lfu" or (policy == "freq" and settings.get("refresh_counts", False)):
+            n += 8
+        if (
+            device.type != "cuda"
+            and resolve_row_map(settings.get("row_map", "auto"), device) == "dense"
+        ):
+            n += 8
+        return n
 
     # ------------------------------------------------------------------------------ public API
     def analyze(self, features: KeyedJaggedTensor) -> Analysis | None:

@@ -26,6 +26,13 @@ from __future__ import annotations
 import torch
 
 
+def resolve_row_map(row_map: str, device: torch.device) -> str:
+    """``auto``: ``sorted`` on a GPU, ``dense`` elsewhere (see the module docstring)."""
+    if row_map == "auto":
+        return "sorted" if device.type == "cuda" else "dense"
+    return row_map
+
+
 class SlotTable:
     def __init__(
         self,
@@ -37,8 +44,7 @@ class SlotTable:
     ) -> None:
         if num_slots >= 2**31:
             raise ValueError(f"embedding.cache_ratio: {num_slots} slots are too many (limit 2**31)")
-        if row_map == "auto":
-            row_map = "sorted" if device.type == "cuda" else "dense"
+        row_map = resolve_row_map(row_map, device)
         if row_map not in ("sorted", "dense"):
             raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
         self.row_map = row_map
