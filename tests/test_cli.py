@@ -6,29 +6,17 @@ import os
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from launching import REPO, run_cli
 from omegaconf.errors import ValidationError
 
 from dlrm_cache.configstore import config_dir, register_configs
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def cli(*args: str, cwd: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "dlrm_cache", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+cli = run_cli  # the CLI as a child process (tests/launching.py)
 
 
 def compose_train(overrides):

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import subprocess
-import sys
 import typing
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from launching import run_cli
 from omegaconf.errors import ValidationError
 
 import dlrm_cache.config as schemas
@@ -21,7 +20,6 @@ import dlrm_cache.data.config as data_schemas
 from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.ranges import ConfigError, Range, validate
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = Path(config_dir())
 
 
@@ -143,16 +141,7 @@ def test_choices_read_as_their_values() -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("DLRM_CACHE_TRACEBACK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "dlrm_cache", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(*args, cwd=cwd, timeout=120, plain_errors=True)
 
 
 def test_cli_checks_ranges_before_anything_else(tmp_path: Path) -> None:

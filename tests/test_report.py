@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from launching import REPO, run_cli
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -33,7 +34,6 @@ from dlrm_cache.report import (
 )
 from dlrm_cache.train.loop import train
 
-REPO = Path(__file__).resolve().parents[1]
 RATIOS = [0.02, 0.05, 0.2]
 SMALL = [
     "device=cpu",
@@ -48,16 +48,7 @@ SMALL = [
 ]
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "dlrm_cache", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+cli = run_cli  # the CLI as a child process (tests/launching.py)
 
 
 @pytest.fixture(scope="session")
