@@ -25,6 +25,7 @@ import pyarrow as pa
 import pytest
 import torch
 from launching import TORCHRUN_2
+from test_train import SMALL
 from test_train import _params as params
 
 from dlrm_cache.data.format import Manifest, read_parquet, write_parquet
@@ -32,18 +33,6 @@ from dlrm_cache.data.format import Manifest, read_parquet, write_parquet
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.verify"])
 REPO = Path(__file__).resolve().parents[2]
-SMALL = [
-    "device=cpu",
-    "progress=false",
-    "data.batch_size=128",
-    "data.eval_batch_size=1000",
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
-    "log_every=2",
-    "optim.sparse.lr=0.1",
-    "optim.dense.lr=0.05",
-]
 
 
 def _cli_child(args: list[str], cwd: str, out: str, err: str) -> None:

@@ -33,25 +33,10 @@ _FS_CALLS = ("mkdir", "fsync", "rename", "replace", "unlink", "rmdir")
 
 
 def _compose(data: Path, extra: list[str]) -> DictConfig:
-    from test_train import compose_train
+    from test_train import SMALL, compose_train
 
     return compose_train(
-        [
-            f"data.path={data}",
-            "run_dir=unset",
-            "device=cpu",
-            "progress=false",
-            "data.batch_size=128",
-            "data.eval_batch_size=1000",
-            "model.embedding_dim=8",
-            "model.bottom_mlp=[16]",
-            "model.top_mlp=[16]",
-            "log_every=2",
-            "checkpoint_every=2",
-            "optim.sparse.lr=0.1",
-            "optim.dense.lr=0.05",
-            *extra,
-        ]
+        [f"data.path={data}", "run_dir=unset", *SMALL, "checkpoint_every=2", *extra]
     )
 
 

@@ -14,6 +14,20 @@ from dlrm_cache.train.checkpoint import Checkpoint
 from dlrm_cache.train.loop import train
 from dlrm_cache.train.timing import seconds_since_process_start
 
+# a small CPU training job (tiny MLPs, frequent logs): the integrity and reliability tests' base
+SMALL = [
+    "device=cpu",
+    "progress=false",
+    "data.batch_size=128",
+    "data.eval_batch_size=1000",
+    "model.embedding_dim=8",
+    "model.bottom_mlp=[16]",
+    "model.top_mlp=[16]",
+    "log_every=2",
+    "optim.sparse.lr=0.1",
+    "optim.dense.lr=0.05",
+]
+
 
 def compose_train(overrides: list[str]):
     register_configs()
