@@ -104,6 +104,11 @@ from .store import HostStore
 log = logging.getLogger(__name__)
 
 
+def observes_counts(policy: str, refresh_counts: bool) -> bool:
+    """Whether the cache counts rows' accesses itself (the host store's ``observed`` array)."""
+    return policy == "lfu" or (policy == "freq" and refresh_counts)
+
+
 class FreqCacheBackend(OverflowPath, EmbeddingBackend):
     tbe: SplitTableBatchedEmbeddingBagsCodegen  # set in __init__, outside the module's registry
     uses_counts = True
@@ -181,7 +186,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
         # ---- allocation
         dev = self.device
-        observed = policy == "lfu" or (policy == "freq" and refresh_counts)
+        observed = observes_counts(policy, refresh_counts)
         self.store = HostStore(
             self.tables,
             optim,
@@ -239,7 +244,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         (two int32): what HostStore and SlotTable allocate per row."""
         policy = settings.get("policy", "freq")
         n = 8 if policy == "freq" else 0
-        if policy == "lfu" or (policy == "freq" and settings.get("refresh_counts", False)):
+        if observes_counts(policy, settings.get("refresh_counts", False)):
             n += 8
         if (
             device.type != "cuda"
