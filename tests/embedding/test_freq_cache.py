@@ -378,15 +378,20 @@ def test_counts_must_match_tables():
         )
 
 
-def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch():
+@pytest.mark.parametrize("row_map", ["dense", "sorted"])
+@pytest.mark.parametrize("multi_hot", [MULTI_HOT, set()], ids=["multi_hot", "one_id_each"])
+def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch(row_map, multi_hot):
     """The range check is read with the batch's sizes (no host read of its own); a failing batch is
     raised by its forward (its placement runs on the planner thread), is neither left in the window
-    nor pinning slots, so training goes on and still equals host."""
+    nor pinning slots, so training goes on and still equals host.  With one id per sample and
+    table the dense map's per-id analysis checks ranges per table (``aminmax``): covered too."""
     tables = make_tables()
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
-    host, cache = pair(tables, optim, cache_ratio=0.05, counts=make_counts(tables), lookahead=2)
+    host, cache = pair(
+        tables, optim, cache_ratio=0.05, counts=make_counts(tables), lookahead=2, row_map=row_map
+    )
     rng = np.random.default_rng(5)
-    good = make_batch(rng, tables, 64)
+    good = make_batch(rng, tables, 64, multi_hot=multi_hot)
     values = good.values().clone()
     c3 = int(sum(good.length_per_key()[:2]))  # first id of table C3 (60 rows)
     values[c3] = 60
@@ -394,12 +399,14 @@ def test_out_of_range_id_is_a_clear_error_and_drops_only_its_batch():
     cache.prefetch(bad)
     with pytest.raises(IndexError, match=r"id 60 out of range for table C3 \(60 rows\)"):
         cache(bad)
-    run_training(host, cache, [make_batch(rng, tables, 64) for _ in range(4)], lookahead=2)
+    more = [make_batch(rng, tables, 64, multi_hot=multi_hot) for _ in range(8)]
+    run_training(host, cache, more[:4], lookahead=2)
     with pytest.raises(IndexError, match="table C3"), torch.no_grad():
         cache(bad)  # an ad-hoc batch (evaluation)
-    run_training(host, cache, [make_batch(rng, tables, 64) for _ in range(4)], lookahead=2, seed=1)
+    run_training(host, cache, more[4:], lookahead=2, seed=1)
     assert cache.stats()["overflow_batches"] == 0
     assert_tables_equal(cache.export_tables(), host.export_tables())
+    assert cache.slots.pin.sum() == 0  # every batch retired; the failed one pinned nothing
 
 
 def test_cache_larger_than_free_gpu_memory(monkeypatch):
@@ -752,6 +759,65 @@ def test_dense_map_dedup_matches_an_independent_count():
         assert counts.tolist() == [seen[r] for r in order]
 
 
+@pytest.mark.parametrize("row_map", ["dense", "sorted"])
+@pytest.mark.parametrize("multi_hot", [MULTI_HOT, set()], ids=["multi_hot", "one_id_each"])
+def test_hit_counts_equal_an_independent_count_of_what_was_resident(row_map, multi_hot):
+    """``stats()``'s accesses, distinct rows and hits (of accesses, of distinct rows, per table)
+    equal a numpy count of each batch's ids against the rows resident just before the batch was
+    placed (at its prefetch: lookahead 2, inline planner), whichever path placed it: per id
+    (dense map) or from a sort (sorted map)."""
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(
+        tables,
+        optim,
+        cache_ratio=0.1,  # room for the window: no batch is deferred
+        lookahead=2,
+        counts=make_counts(tables),
+        row_map=row_map,
+        batch_size=128,
+    )
+    rng = np.random.default_rng(21)
+    batches = [make_batch(rng, tables, 128, multi_hot=multi_hot) for _ in range(16)]
+    offsets = np.concatenate([[0], np.cumsum([t.num_rows for t in tables])])
+    n = len(tables)
+    want = dict(accesses=0, hits=0, distinct=0, distinct_hits=0)
+    table_ids, table_hits = np.zeros(n), np.zeros(n)
+
+    def count(b):  # before the batch's placement
+        slot_row = cache.slots.slot_row.numpy()
+        table = np.repeat(np.arange(n), b.length_per_key())
+        rows = b.values().numpy() + offsets[table]
+        hit = np.isin(rows, slot_row[slot_row >= 0])
+        _, first = np.unique(rows, return_index=True)
+        want["accesses"] += rows.size
+        want["hits"] += int(hit.sum())
+        want["distinct"] += first.size
+        want["distinct_hits"] += int(hit[first].sum())
+        table_ids[:] += np.bincount(table, minlength=n)
+        table_hits[:] += np.bincount(table, weights=hit, minlength=n)
+
+    def prefetch(b):
+        count(b)
+        cache.prefetch(b)
+
+    for b in batches[:2]:
+        prefetch(b)
+    for i, b in enumerate(batches):
+        if i + 2 < len(batches):
+            prefetch(batches[i + 2])
+        cache(b).values().sum().backward()
+    s = cache.stats()
+    assert s["deferred_batches"] == 0 and 0 < want["hits"] < want["accesses"], (s, want)
+    assert (s["accesses"], s["distinct_ids"]) == (want["accesses"], want["distinct"])
+    assert s["hit_rate"] == pytest.approx(want["hits"] / want["accesses"], abs=1e-12)
+    assert s["hit_rate_distinct"] == pytest.approx(
+        want["distinct_hits"] / want["distinct"], abs=1e-12
+    )
+    for t, ids, hits in zip(tables, table_ids, table_hits):
+        assert s[f"hit_rate/{t.name}"] == pytest.approx(hits / ids, abs=1e-12), t.name
+
+
 @pytest.mark.parametrize("row_map, sorts", [("dense", False), ("sorted", True)])
 def test_cpu_cache_plans_inline_and_dedups_without_a_sort(row_map, sorts):
     """A CPU cache (no streams) places batches on the calling thread, with no planner thread;
@@ -776,6 +842,37 @@ def test_cpu_cache_plans_inline_and_dedups_without_a_sort(row_map, sorts):
     assert (counter.ops["sort"] > 0) == sorts, counter.ops["sort"]
     assert cache.stats()["rows_loaded"] > 0
     assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+def test_cpu_cache_op_budget_per_batch():
+    """A CPU cache with the dense map places batches per id (by_id.py) in fewer aten ops than
+    from a dedup of every batch did: its prefetch + forward + backward beyond the uncached
+    backend's forward + backward, per batch of the trainer's loop (window of 2, one id per sample
+    and table).  Measured 2026-11-25 (torch 2.13 CPU): 68 per batch; 73.75 before (694d216)."""
+    from dlrm_cache.bench.syncs import HostSyncCounter
+
+    tables = make_tables([20000, 5000, 300, 8000])
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    host, cache = pair(
+        tables, optim, cache_ratio=0.03, lookahead=2, counts=make_counts(tables), batch_size=256
+    )
+    rng = np.random.default_rng(12)
+    batches = [make_batch(rng, tables, 256, multi_hot=set()) for _ in range(12)]
+    cache_c, host_c = HostSyncCounter(), HostSyncCounter()
+    for b in batches[:2]:
+        cache.prefetch(b)
+    for i, b in enumerate(batches):
+        on = i >= 4
+        with cache_c if on else contextlib.nullcontext():
+            if i + 2 < len(batches):
+                cache.prefetch(batches[i + 2])
+            cache(b).values().sum().backward()
+        with host_c if on else contextlib.nullcontext():
+            host(b).values().sum().backward()
+    assert cache.stats()["rows_loaded"] > 0 and cache.stats()["deferred_batches"] == 0
+    assert cache_c.ops["sort"] == 0
+    extra = (cache_c.total_ops - host_c.total_ops) / (len(batches) - 4)
+    assert extra <= 70, extra
 
 
 def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():

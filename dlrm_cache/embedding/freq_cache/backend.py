@@ -29,9 +29,10 @@ Where the work runs
     stream; every kernel after it is sized by what the host knows (``nonzero_static``, write-backs
     of clean victims to a scratch row).  Without CUDA the same code runs on CPU tensors, which is
     how the tests check it (the stream harness with a threaded planner); a CPU cache runs the
-    planner's tasks inline (planner.py says why) and, with the dense row map, deduplicates a
-    batch through the map in O(ids) instead of sorting it (``SlotTable.dedup``): on a CPU, where
-    the cache's work cannot hide behind the step, its cost per batch is what counts.
+    planner's tasks inline (planner.py says why) and, with the dense row map, places a batch per
+    id through the map (by_id.py: no sort, a few whole-batch passes, only the rows to load
+    deduplicated): on a CPU, where the cache's work cannot hide behind the step, its cost per
+    batch is what counts.
 
 Step protocol (what the trainer does)
     ``prefetch(kjt)`` for each future batch (FIFO), then ``forward(kjt)`` for the oldest one, then
@@ -91,6 +92,7 @@ from ..base import (
 )
 from ..tbe import make_tbe, momentum_view, weights_view
 from .batch import Analysis, WindowBatch
+from .by_id import IdPath
 from .counters import Counters
 from .layout import cache_layout
 from .mover import Mover
@@ -109,7 +111,7 @@ def observes_counts(policy: str, refresh_counts: bool) -> bool:
     return policy == "lfu" or (policy == "freq" and refresh_counts)
 
 
-class FreqCacheBackend(OverflowPath, EmbeddingBackend):
+class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
     tbe: SplitTableBatchedEmbeddingBagsCodegen  # set in __init__, outside the module's registry
     uses_counts = True
 
@@ -203,8 +205,8 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self._t_static_off = torch.from_numpy(self.layout.static_offsets).to(dev)
         self._t_index = torch.arange(len(tables), device=dev)
         self.slots = SlotTable(num_slots, num_static, dev, self.store.num_rows, row_map)
-        # Without streams (a CPU cache) sizes cost nothing: with the dense map, a batch is
-        # deduplicated through it in O(ids) by the planner instead of sorted (see ``_analyze``).
+        # Without streams (a CPU cache) sizes cost nothing: with the dense map, a batch is placed
+        # per id through it (by_id.py) instead of from a sort (see ``_analyze``).
         self._dedup_by_map = self.slots.row_map == "dense" and not streams_for(dev).asynchronous
         self.policy = EvictionPolicy(policy, self.slots, self.store)
         self._lr = optim.lr
@@ -234,6 +236,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             WindowBatch
         ] = []  # planner: forwarded, backward not yet known to be done
         self._counters = self._zero_stats()
+        self._unretired = True  # a batch was forwarded since the last retirement (as if)
         self._planner = Planner(self.mover.streams, self.device)
         weakref.finalize(self, self._planner.close)
 
@@ -258,9 +261,10 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         """The cache-independent part of a prefetch, for the loader thread: on a CPU cache only,
         where there are no streams and the row map is sorted (a GPU cache does it on the planner
         thread, on its plan stream, much faster than the host could; a CPU cache with the dense
-        map does it on the planner too, where its O(ids) dedup costs less than handing it over)."""
+        map does it inline, where its O(ids) passes cost less than a hand-over to another thread
+        on a busy CPU, measured: docs/benchmarks.md)."""
         if self.mover.streams.asynchronous or self._dedup_by_map:
-            return None  # the planner does it (dedup through the map uses its scratch array)
+            return None  # the planner does it (the first-occurrence pass uses its scratch array)
         return self._analyze(features)
 
     # The training thread's side: post to the planner (which, inline on a CPU, runs the task) ---
@@ -286,6 +290,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         self._planner.post(self._p_demand, b, train)
         b.wait(self.mover.streams)
         stall = time.perf_counter() - t0
+        self._unretired = True  # from here on, the batch is in flight (or failed)
         if b.error is not None:
             raise b.error
         if b.needs_overflow:
@@ -294,7 +299,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             return pooled(features, out, self.dim)
         assert b.indices is not None  # placed: _prepare set them, _p_forwarded clears them later
         self.mover.wait_ready(b.event, b.indices)
-        offsets = features.offsets().to(self.device, dtype=torch.int64, non_blocking=True)
+        offsets = features.offsets().to(self.device, dtype=b.indices.dtype, non_blocking=True)
         out = self.tbe(b.indices, offsets)
         self._planner.post(self._p_forwarded, b, stall)
         return pooled(features, out, self.dim)
@@ -304,7 +309,12 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
         The event recorded now on the compute stream orders later row transfers after it (the
         backward passes of retired batches, a checkpoint's reads of the store), without the host
-        ever waiting for it."""
+        ever waiting for it.  Without streams, where that order is the order of the calls, a
+        call with no batch forwarded since the last retirement has nothing to do (the calls of a
+        step after the first then cost nothing)."""
+        if not self._unretired and not self.mover.streams.asynchronous:
+            return
+        self._unretired = False
         self.mover.track_compute()
         self._planner.post(self._p_retire, self.mover.compute_event())
 
@@ -382,8 +392,12 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
     def _p_forwarded(self, b: WindowBatch, stall: float) -> None:
         self._counters.add("stall_s", stall)
-        assert b.hit is not None  # set by its first _prepare
-        self._count_hits(b, b.hit)  # only forwarded batches count (not a window cancelled)
+        # only forwarded batches count (not a window cancelled)
+        if b.first is not None:
+            self._count_hits_ids(b)
+        else:
+            assert b.hit is not None  # set by its first _prepare
+            self._count_hits(b, b.hit)
         b.indices, b.event = None, None
         self._inflight.append(b)
         self._try_prepare()  # batches deferred for lack of space
@@ -476,8 +490,8 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         data) with one ``repeat_interleave`` of known size (numpy's on a CPU).  Deduplication, with
         streams or the sorted map, is one sort of the ids' global rows (int32 keys where they fit)
         into buffers with room for every id: the number of distinct rows is read later, with the
-        other sizes of the prefetch, in one host read.  A CPU cache with the dense map dedups
-        through it instead (``SlotTable.dedup``), sizes known at once.
+        other sizes of the prefetch, in one host read.  A CPU cache with the dense map analyses
+        the batch per id instead (``_analyze_ids``, by_id.py), sizes known at once.
         """
         keys = kjt.keys()
         if list(keys) != self.feature_names:
@@ -485,6 +499,8 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
                 f"freq_cache: batch features {list(keys)} != tables {self.feature_names}"
             )
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
+        if self._dedup_by_map:
+            return self._analyze_ids(kjt, lpk)
         n = int(lpk.sum())
         dev = self.device
         self.mover.planning_input(kjt.values())
@@ -500,13 +516,6 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
             bad_id = (v < 0) | (v >= self._t_rows.index_select(0, table))
             # raised at the size read
             grow = torch.where(bad_id, 0, v) + self._t_row_off.index_select(0, table)
-            if self._dedup_by_map:
-                first, inverse, counts = self.slots.dedup(grow)
-                uniq = grow.index_select(0, first)
-                utable = table.index_select(0, first)
-                return Analysis(
-                    kjt, n, grow, lpk, uniq, inverse, counts, uniq.numel(), bad_id.any(), utable
-                )
             key, perm = torch.sort(grow.to(self.slots.key_dtype))
             first = torch.ones(n, dtype=torch.bool, device=dev)
             first[1:] = key[1:] != key[:-1]
@@ -518,7 +527,7 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
                 0, seg, torch.ones_like(seg)
             )
             n_uniq, bad = first.sum(), bad_id.any()
-        return Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad, None)
+        return Analysis(kjt, n, grow, lpk, uniq, inverse, counts, n_uniq, bad)
 
     def _raise_bad_id(self, b: WindowBatch) -> None:
         v = b.kjt.values().long().cpu()
@@ -561,6 +570,10 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
         ``nonzero_static`` of the read size, victims' write-backs go to the store's scratch row
         when they are clean or empty, pins go by ``index_add_``.
         """
+        if b.first is not None:
+            return self._prepare_ids(b)
+        assert b.uniq is not None and b.inverse is not None and b.counts is not None  # sorted
+        assert isinstance(b.bad, torch.Tensor)  # a device flag, read with the sizes
         s = self.slots
         with self.mover.planning():
             su = self._slot_of(b.uniq)
@@ -623,8 +636,21 @@ class FreqCacheBackend(OverflowPath, EmbeddingBackend):
 
     def _count_hits(self, b: WindowBatch, hit: torch.Tensor) -> None:
         """A forwarded batch's accesses; ``hit``: its distinct rows resident before it was placed."""
-        table = self._table_of(b.uniq) if b.utable is None else b.utable
-        self._counters.forwarded(b.num_ids, b.table_accesses, b.counts, hit, table)
+        assert b.uniq is not None and b.counts is not None  # deduplicated
+        table = self._table_of(b.uniq)
+        hit_counts = b.counts * hit
+        table_hits = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)
+        table_hits.index_add_(0, table, hit_counts)
+        self._counters.forwarded(
+            b.num_ids, b.table_accesses, hit.numel(), hit_counts.sum(), hit.sum(), table_hits
+        )
+
+    def _deduplicate(self, b: WindowBatch) -> None:
+        """``uniq``, ``inverse`` and ``counts`` of a batch analysed per id (the overflow path's)."""
+        if b.uniq is None:
+            assert b.grow is not None  # analysed
+            first, b.inverse, b.counts = self.slots.dedup(b.grow)
+            b.uniq = b.grow.index_select(0, first)
 
     def _unprepare(self, b: WindowBatch) -> None:
         if b.prepared:

@@ -14,21 +14,23 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 @dataclasses.dataclass(eq=False)
 class Analysis:
     """What a batch needs that does not depend on the cache's state (``analyze``); on the cache's
-    device.  From a sort (a device with streams, or the sorted map), ``uniq``/``counts`` have room for every id (fixed
-    capacity: deduplication without reading a size) until the batch's first placement reads
-    ``n_uniq`` and trims them; from the dense map's dedup (no streams), they are exact, in order
-    of first occurrence, and ``n_uniq`` is an int from the start."""
+    device.  From a sort (a device with streams, or the sorted map), ``uniq``/``counts`` have room
+    for every id (fixed capacity: deduplication without reading a size) until the batch's first
+    placement reads ``n_uniq`` and trims them.  Analysed per id (a CPU cache with the dense map,
+    by_id.py), the batch has ``first`` instead, ``n_uniq`` is an int from the start, and
+    ``uniq``/``inverse``/``counts`` stay None unless the overflow path deduplicates it."""
 
     kjt: KeyedJaggedTensor
     num_ids: int
     grow: torch.Tensor  # global row of every id (out-of-range ids replaced by row 0)
     table_accesses: np.ndarray  # accesses per table (host)
-    uniq: torch.Tensor  # distinct global rows (sorted, then the scratch id as padding; see below)
-    inverse: torch.Tensor  # position in uniq of every id
-    counts: torch.Tensor  # accesses of each uniq row in this batch
+    uniq: torch.Tensor | None  # distinct global rows (sorted, then the scratch id as padding)
+    inverse: torch.Tensor | None  # position in uniq of every id
+    counts: torch.Tensor | None  # accesses of each uniq row in this batch
     n_uniq: torch.Tensor | int  # device scalar until read, then the host int
-    bad: torch.Tensor  # device bool: an id out of its table's range
-    utable: torch.Tensor | None  # the table of each uniq row, where the analysis knows it
+    bad: torch.Tensor | bool  # an id out of its table's range (device bool until read)
+    # analysed per id: per id, the position of its row's first occurrence in the batch
+    first: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -46,18 +48,19 @@ class WindowBatch(Analysis):
     )
     prepared: bool = False
     deferred: bool = False
-    hit: torch.Tensor | None = (
-        None  # per uniq row: resident before its first placement (counted at forward)
-    )
+    # per uniq row: resident before its first placement (counted at forward)
+    hit: torch.Tensor | None = None
+    # analysed per id, the same as sums: hits per table, distinct rows hit
+    first_hits: tuple[torch.Tensor, int] | None = None
     train: bool = False  # its slots are marked dirty (a training batch)
-    pinned: torch.Tensor | None = None  # slots pinned by this batch (= its uniq rows' slots)
+    pinned: torch.Tensor | None = None  # slots pinned by this batch (its uniq rows', or its ids')
     indices: torch.Tensor | None = None  # slot ids for the lookup
     event: Any = None  # CUDA event: its rows are in place
     overflow: dict | None = None
 
     @classmethod
     def new(cls, kjt: KeyedJaggedTensor, train: bool) -> WindowBatch:
-        return cls(kjt, 0, None, None, None, None, None, None, None, None, train=train)  # type: ignore[arg-type]
+        return cls(kjt, 0, None, None, None, None, None, None, None, train=train)  # type: ignore[arg-type]
 
     def signal(self, streams: Any) -> None:
         """Planner: the batch is placed (or failed)."""

@@ -28,19 +28,20 @@ class Counters:
         self,
         num_ids: int,
         table_accesses: np.ndarray,
-        counts: torch.Tensor,
-        hit: torch.Tensor,
-        tables_of_rows: torch.Tensor,
+        distinct: int,
+        hits: torch.Tensor,
+        distinct_hits: torch.Tensor | int,
+        table_hits: torch.Tensor,
     ) -> None:
-        """A forwarded batch: ``counts`` accesses to each of its distinct rows, ``hit`` those that
-        were resident before the batch was placed, ``tables_of_rows`` their tables."""
-        hit_counts = counts * hit
+        """A forwarded batch: ``num_ids`` accesses (``table_accesses`` per table) to ``distinct``
+        rows; ``hits`` of the accesses, ``distinct_hits`` of the rows (``table_hits`` of each
+        table's accesses) were resident before the batch was placed (device scalars)."""
         self.host["accesses"] += num_ids
-        self.host["distinct"] += int(counts.numel())
-        self.dev["hits"] += hit_counts.sum()
-        self.dev["distinct_hits"] += hit.sum()
+        self.host["distinct"] += distinct
+        self.dev["hits"] += hits
+        self.dev["distinct_hits"] += distinct_hits
         self.table_accesses += table_accesses
-        self.table_hits.index_add_(0, tables_of_rows, hit_counts)
+        self.table_hits += table_hits
 
     def evicted(self, occupied: torch.Tensor, written_back: torch.Tensor, loaded: int) -> None:
         """Victim slots (``occupied``: they held a row; ``written_back``: a dirty one) refilled with

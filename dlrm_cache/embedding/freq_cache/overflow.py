@@ -42,12 +42,15 @@ class OverflowPath:
     _slot_of: Callable[[torch.Tensor], torch.Tensor]
     _evict_and_load: Callable[[torch.Tensor, torch.Tensor], None]
     _count_hits: Callable[[WindowBatch, torch.Tensor], None]
+    _deduplicate: Callable[[WindowBatch], None]
 
     def _forward_overflow(self, b: WindowBatch, features: KeyedJaggedTensor) -> torch.Tensor:
         self._counters.add("overflow_batches", 1)
         with torch.no_grad(), self.mover.planning():
             # a batch gets here after a _prepare that read its sizes: uniq is trimmed
-            rows, inverse = b.uniq, b.inverse
+            self._deduplicate(b)
+            rows, inverse, counts = b.uniq, b.inverse, b.counts
+            assert rows is not None and inverse is not None and counts is not None
             resident = self._slot_of(rows) >= 0  # for the hit rate, before admissions
             # Still admit what fits (the best of the misses by policy), so that a cache too small for
             # its batches keeps serving the hot rows instead of staying empty.  Nothing is pinned now
@@ -60,7 +63,7 @@ class OverflowPath:
                 assert victims is not None  # nothing is pinned: every dynamic slot is free
                 self._evict_and_load(victims, admit)
             slots = self._slot_of(rows)
-            self.policy.observe(rows, b.counts, slots, all_held=False)
+            self.policy.observe(rows, counts, slots, all_held=False)
             self._count_hits(b, resident)
         self.mover.sync()
         self.mover.use_on_compute(

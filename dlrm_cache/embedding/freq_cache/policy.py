@@ -68,6 +68,17 @@ class EvictionPolicy:
                 rows, slots = rows[held], slots[held]
             self.slot_score[slots] = self._row_score(rows)
 
+    def observe_ids(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """``observe`` per id: a batch requested ``rows`` (one per id, repeats included), all
+        held, in ``slots``.  Repeats add up in the counts; a slot written more than once gets the
+        same score each time (its row's), so the order of the writes does not matter."""
+        self.clock += 1
+        if self.observed is not None:
+            one = torch.ones((), dtype=self.observed.dtype, device=rows.device)
+            self.observed.index_add_(0, rows, one.expand(rows.numel()))
+        if self.name != "freq" or self.observed is not None:  # plain freq scores never change
+            self.slot_score.index_copy_(0, slots.long(), self._row_score(rows))
+
     def admit_first(self, rows: torch.Tensor, k: int) -> torch.Tensor:
         """The ``k`` of ``rows`` most worth caching (when not all of them fit)."""
         if k >= rows.numel():

@@ -15,7 +15,8 @@ Which slot holds a row (``row_map``):
 * ``dense`` (the default on the CPU): an int32 slot per row of the tables, static rows included.
   On the CPU that map is host memory like the tables themselves, and it updates in O(rows moved)
   where a CPU sort of the dynamic region costs tens of milliseconds per batch at Criteo sizes.
-  A second row-sized array serves ``dedup`` (a batch's distinct rows in O(ids), no sort).
+  A second row-sized array serves ``first_positions`` and ``dedup`` (a batch's distinct rows in
+  O(ids), no sort).
 Both place every batch correctly (training equals the uncached tables'); where scores tie (lru,
 equal counts) they may evict different rows, since the dense dedup lists a batch's rows in order
 of first occurrence and the sorted one in row order.  The tests run both.
@@ -23,6 +24,7 @@ of first occurrence and the sorted one in row order.  The tests run both.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -60,6 +62,7 @@ class SlotTable:
         if row_map == "dense":
             self.row_slot = torch.full((num_rows + 1,), -1, dtype=torch.int32, device=device)
             self._first: torch.Tensor | None = None  # dedup's scratch, made at its first use
+            self._arange = np.zeros(0, dtype=np.int32)
         else:
             self._resort()
 
@@ -71,23 +74,31 @@ class SlotTable:
         self.sorted_rows, order = torch.sort(self.slot_row[self.num_static :].to(self.key_dtype))
         self.sorted_slots = order + self.num_static
 
-    def dedup(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Deduplicate ``rows``: the position of each distinct row's first occurrence (ascending),
-        each id's index among the distinct rows, and each distinct row's number of ids.
+    def first_positions(self, rows: torch.Tensor) -> np.ndarray:
+        """Per id of ``rows``: the position of its row's first occurrence in ``rows``.
 
-        Dense map only, one thread at a time (a shared scratch array), and where sizes cost no
-        synchronization (``nonzero``, ``bincount``): a CPU cache.
-
-        Each row's first position is a scatter-min over the row-sized scratch array (only the
-        entries of ``rows`` are written and read back, so it is never cleared): O(ids), where a
-        sort of the batch's ids costs several times more on a CPU."""
+        A minimum of positions over the row-sized scratch array (only the entries of ``rows`` are
+        written and then read back, so it is never cleared): O(ids), where a sort of a batch's ids
+        costs several times more on a CPU.  Dense map, CPU tensors, one thread at a time."""
         if self._first is None:
             self._first = torch.zeros_like(self.row_slot)
-        pos = torch.arange(rows.numel(), dtype=torch.int32, device=rows.device)
-        self._first.index_fill_(0, rows, rows.numel())
-        self._first.scatter_reduce_(0, rows, pos, "amin")
-        first_pos = self._first.index_select(0, rows)
-        first = first_pos == pos
+        scratch, r = self._first.numpy(), rows.numpy()
+        scratch[r] = r.size
+        np.minimum.at(scratch, r, self.positions(r.size))
+        return scratch.take(r)
+
+    def positions(self, n: int) -> np.ndarray:
+        """``arange(n)`` as int32 (kept: a batch's size rarely changes)."""
+        if self._arange.size < n:
+            self._arange = np.arange(max(n, 2 * self._arange.size), dtype=np.int32)
+        return self._arange[:n]
+
+    def dedup(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Deduplicate ``rows``: the position of each distinct row's first occurrence (ascending),
+        each id's index among the distinct rows, and each distinct row's number of ids (the
+        distinct rows in order of first occurrence).  As ``first_positions``: dense map, CPU."""
+        first_pos = torch.from_numpy(self.first_positions(rows))
+        first = first_pos == torch.from_numpy(self.positions(rows.numel()))
         where = torch.nonzero(first).squeeze(1)
         rank = torch.cumsum(first, 0, dtype=torch.int64) - 1
         inverse = rank.index_select(0, first_pos)
@@ -117,12 +128,12 @@ class SlotTable:
             self._resort()
 
     def pin_add(self, slots: torch.Tensor, delta: int) -> None:
-        """Add ``delta`` to the pin count of each of ``slots`` (distinct)."""
+        """Add ``delta`` to the pin count of each of ``slots`` (once per occurrence)."""
         one = torch.ones((), dtype=torch.int32, device=slots.device).expand(slots.numel())
         self.pin.index_add_(0, slots, one, alpha=delta)
 
     def mark_dirty(self, slots: torch.Tensor) -> None:
-        self.dirty.index_fill_(0, slots, True)
+        self.dirty.index_fill_(0, slots.long(), True)
 
     def resident(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots, rows) of every occupied slot."""
