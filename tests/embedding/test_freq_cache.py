@@ -821,7 +821,8 @@ def test_hit_counts_equal_an_independent_count_of_what_was_resident(row_map, mul
 @pytest.mark.parametrize("row_map, sorts", [("dense", False), ("sorted", True)])
 def test_cpu_cache_plans_inline_and_dedups_without_a_sort(row_map, sorts):
     """A CPU cache (no streams) places batches on the calling thread, with no planner thread;
-    with the dense map its dedup sorts nothing (the sorted map still sorts: dedup, re-sort)."""
+    with the dense map it places them per id, sorting nothing (the sorted map still sorts: dedup,
+    re-sort)."""
     import threading
 
     from dlrm_cache.bench.syncs import HostSyncCounter
@@ -872,7 +873,7 @@ def test_cpu_cache_op_budget_per_batch():
     assert cache.stats()["rows_loaded"] > 0 and cache.stats()["deferred_batches"] == 0
     assert cache_c.ops["sort"] == 0
     extra = (cache_c.total_ops - host_c.total_ops) / (len(batches) - 4)
-    assert extra <= 70, extra
+    assert extra <= 71, extra
 
 
 def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():

@@ -39,7 +39,8 @@ Step protocol (what the trainer does)
     its backward.  A prefetch (on the planner) dedupes the batch's ids, finds misses, evicts victims
     by policy (dirty ones written back, after the event recorded on the compute stream when the
     batches that last used them retired), loads the misses, and keeps the remapped slot ids for that
-    batch.  Every slot a prefetched batch uses is pinned (refcount) until that batch is *retired*.
+    batch.  Every slot a prefetched batch uses is pinned (refcount: once per distinct row, or once
+    per id where the batch is placed per id, by_id.py) until that batch is *retired*.
     A batch is retired at the next call of ``prefetch``, ``forward``, ``step_done``, ``flush``,
     ``export_tables`` or ``import_tables`` -- i.e. its backward must have been issued by then, which
     is what every training loop does (forward, backward, optimizer step, next batch).  ``forward``
@@ -207,7 +208,7 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
         self.slots = SlotTable(num_slots, num_static, dev, self.store.num_rows, row_map)
         # Without streams (a CPU cache) sizes cost nothing: with the dense map, a batch is placed
         # per id through it (by_id.py) instead of from a sort (see ``_analyze``).
-        self._dedup_by_map = self.slots.row_map == "dense" and not streams_for(dev).asynchronous
+        self._per_id = self.slots.row_map == "dense" and not streams_for(dev).asynchronous
         self.policy = EvictionPolicy(policy, self.slots, self.store)
         self._lr = optim.lr
         object.__setattr__(
@@ -263,7 +264,7 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
         thread, on its plan stream, much faster than the host could; a CPU cache with the dense
         map does it inline, where its O(ids) passes cost less than a hand-over to another thread
         on a busy CPU, measured: docs/benchmarks.md)."""
-        if self.mover.streams.asynchronous or self._dedup_by_map:
+        if self.mover.streams.asynchronous or self._per_id:
             return None  # the planner does it (the first-occurrence pass uses its scratch array)
         return self._analyze(features)
 
@@ -314,9 +315,9 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
         step after the first then cost nothing)."""
         if not self._unretired and not self.mover.streams.asynchronous:
             return
-        self._unretired = False
         self.mover.track_compute()
         self._planner.post(self._p_retire, self.mover.compute_event())
+        self._unretired = False
 
     def set_learning_rate(self, lr: float) -> None:
         self._lr = float(lr)
@@ -499,7 +500,7 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
                 f"freq_cache: batch features {list(keys)} != tables {self.feature_names}"
             )
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
-        if self._dedup_by_map:
+        if self._per_id:
             return self._analyze_ids(kjt, lpk)
         n = int(lpk.sum())
         dev = self.device

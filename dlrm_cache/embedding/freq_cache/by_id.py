@@ -35,6 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from .batch import Analysis, WindowBatch
 from .counters import Counters
+from .mover import Mover
 from .policy import EvictionPolicy
 from .slots import SlotTable
 
@@ -49,6 +50,7 @@ class IdPath:
     _t_rows: torch.Tensor
     _t_row_off: torch.Tensor
     _queue: deque[WindowBatch]
+    mover: Mover
     _evict_and_load: Callable[[torch.Tensor, torch.Tensor], None]
     _raise_bad_id: Callable[[WindowBatch], None]
 
@@ -102,11 +104,11 @@ class IdPath:
         # the first id of each missing row, in order of first occurrence
         loads = missing[b.first.index_select(0, missing) == missing]
         if loads.numel():
-            # Victims: unpinned dynamic slots, none of them holding one of this batch's rows.
-            # (index_fill_ wraps the misses' -1 to the extra last entry, which nothing reads.)
+            # Victims: unpinned dynamic slots, none of them holding one of this batch's rows
+            # (the misses mark the extra last entry, which nothing reads).
             busy = torch.ones(s.num_slots + 1, dtype=torch.bool)
             torch.ne(s.pin, 0, out=busy[: s.num_slots])
-            busy.index_fill_(0, su, True)
+            busy.index_fill_(0, torch.where(su >= 0, su, s.num_slots), True)
             free = ~busy[s.num_static : s.num_slots]
             if loads.numel() > int(free.sum()):
                 return False
@@ -128,6 +130,8 @@ class IdPath:
         if b.train:
             s.mark_dirty(su)
         self.policy.observe_ids(b.grow, su)
+        b.event = None  # no streams: the rows are in place when this returns
+        b.signal(self.mover.streams)
         return True
 
     @staticmethod

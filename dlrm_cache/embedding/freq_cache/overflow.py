@@ -47,7 +47,7 @@ class OverflowPath:
     def _forward_overflow(self, b: WindowBatch, features: KeyedJaggedTensor) -> torch.Tensor:
         self._counters.add("overflow_batches", 1)
         with torch.no_grad(), self.mover.planning():
-            # a batch gets here after a _prepare that read its sizes: uniq is trimmed
+            # uniq is trimmed (from a sort: its _prepare read the sizes) or made now (per id)
             self._deduplicate(b)
             rows, inverse, counts = b.uniq, b.inverse, b.counts
             assert rows is not None and inverse is not None and counts is not None

@@ -61,7 +61,8 @@ class SlotTable:
         self.dirty = torch.zeros(num_slots, dtype=torch.bool, device=device)
         if row_map == "dense":
             self.row_slot = torch.full((num_rows + 1,), -1, dtype=torch.int32, device=device)
-            self._first: torch.Tensor | None = None  # dedup's scratch, made at its first use
+            # first_positions' (and dedup's) scratch, made at its first use
+            self._first: torch.Tensor | None = None
             self._arange = np.zeros(0, dtype=np.int32)
         else:
             self._resort()
