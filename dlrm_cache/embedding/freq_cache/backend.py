@@ -92,7 +92,7 @@ from ..base import (
     shared_dim,
 )
 from ..tbe import make_tbe, momentum_view, weights_view
-from .batch import Analysis, WindowBatch
+from .batch import Analysis, WindowBatch, id_tables
 from .by_id import IdPath
 from .counters import Counters
 from .layout import cache_layout
@@ -393,12 +393,8 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
 
     def _p_forwarded(self, b: WindowBatch, stall: float) -> None:
         self._counters.add("stall_s", stall)
-        # only forwarded batches count (not a window cancelled)
-        if b.first is not None:
-            self._count_hits_ids(b)
-        else:
-            assert b.hit is not None  # set by its first _prepare
-            self._count_hits(b, b.hit)
+        assert b.first_hits is not None  # set by its first placement
+        self._count_forwarded(b, *b.first_hits)  # only forwarded batches count (not cancelled)
         b.indices, b.event = None, None
         self._inflight.append(b)
         self._try_prepare()  # batches deferred for lack of space
@@ -510,7 +506,7 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
             if (
                 not self.mover.streams.asynchronous
             ):  # a CPU: numpy's repeat is several times cheaper
-                table = torch.from_numpy(np.repeat(np.arange(len(lpk)), lpk))
+                table = id_tables(lpk)
             else:
                 lpk_t = self.mover.to_device(torch.from_numpy(lpk))
                 table = torch.repeat_interleave(self._t_index, lpk_t, output_size=n)
@@ -532,9 +528,7 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
 
     def _raise_bad_id(self, b: WindowBatch) -> None:
         v = b.kjt.values().long().cpu()
-        table = torch.repeat_interleave(
-            torch.arange(len(self.tables)), torch.from_numpy(b.table_accesses)
-        )
+        table = id_tables(b.table_accesses)
         rows = self._t_rows.cpu()[table]
         i = int(torch.nonzero((v < 0) | (v >= rows))[0, 0])
         t = int(table[i])
@@ -614,8 +608,8 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
             if b.train:
                 self._mark_dirty(b)
             self.policy.observe(b.uniq, b.counts, su)
-            if b.hit is None:
-                b.hit = hit
+            if b.first_hits is None:
+                b.first_hits = self._hit_sums(b, hit)
             b.event = self.mover.ready()
         b.signal(self.mover.streams)
         return True
@@ -635,16 +629,20 @@ class FreqCacheBackend(IdPath, OverflowPath, EmbeddingBackend):
         self.policy.admitted(victims, rows)
         self._counters.evicted(occupied, wb, rows.numel())
 
-    def _count_hits(self, b: WindowBatch, hit: torch.Tensor) -> None:
-        """A forwarded batch's accesses; ``hit``: its distinct rows resident before it was placed."""
+    def _hit_sums(self, b: WindowBatch, hit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hits per table (accesses) and distinct rows hit of a deduplicated batch; ``hit``: its
+        distinct rows resident before it was placed."""
         assert b.uniq is not None and b.counts is not None  # deduplicated
-        table = self._table_of(b.uniq)
-        hit_counts = b.counts * hit
         table_hits = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)
-        table_hits.index_add_(0, table, hit_counts)
-        self._counters.forwarded(
-            b.num_ids, b.table_accesses, hit.numel(), hit_counts.sum(), hit.sum(), table_hits
-        )
+        table_hits.index_add_(0, self._table_of(b.uniq), b.counts * hit)
+        return table_hits, hit.sum()
+
+    def _count_forwarded(
+        self, b: WindowBatch, table_hits: torch.Tensor, distinct_hits: torch.Tensor | int
+    ) -> None:
+        """A forwarded batch's accesses, given what was resident when it was placed."""
+        assert isinstance(b.n_uniq, int)  # known once placed
+        self._counters.forwarded(b.num_ids, b.table_accesses, b.n_uniq, table_hits, distinct_hits)
 
     def _deduplicate(self, b: WindowBatch) -> None:
         """``uniq``, ``inverse`` and ``counts`` of a batch analysed per id (the overflow path's)."""

@@ -11,6 +11,18 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
+def uniform_length(lpk: np.ndarray) -> int:
+    """The number of ids of every table where all tables have the same (Criteo: one id per
+    sample and table), else 0."""
+    per = int(lpk[0]) if len(lpk) else 0
+    return per if per and bool((lpk == per).all()) else 0
+
+
+def id_tables(lpk: np.ndarray) -> torch.Tensor:
+    """The table of every id of a batch (host tensor; KJT values are feature-major)."""
+    return torch.from_numpy(np.repeat(np.arange(len(lpk)), lpk))
+
+
 @dataclasses.dataclass(eq=False)
 class Analysis:
     """What a batch needs that does not depend on the cache's state (``analyze``); on the cache's
@@ -48,10 +60,9 @@ class WindowBatch(Analysis):
     )
     prepared: bool = False
     deferred: bool = False
-    # per uniq row: resident before its first placement (counted at forward)
-    hit: torch.Tensor | None = None
-    # analysed per id, the same as sums: hits per table, distinct rows hit
-    first_hits: tuple[torch.Tensor, int] | None = None
+    # what was resident at its first placement, counted when it is forwarded: hits per table
+    # (accesses), distinct rows hit
+    first_hits: tuple[torch.Tensor, torch.Tensor | int] | None = None
     train: bool = False  # its slots are marked dirty (a training batch)
     pinned: torch.Tensor | None = None  # slots pinned by this batch (its uniq rows', or its ids')
     indices: torch.Tensor | None = None  # slot ids for the lookup

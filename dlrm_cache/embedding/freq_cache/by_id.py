@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .batch import Analysis, WindowBatch
+from .batch import Analysis, WindowBatch, id_tables, uniform_length
 from .counters import Counters
 from .mover import Mover
 from .policy import EvictionPolicy
@@ -57,13 +57,13 @@ class IdPath:
     def _global_rows(self, v: torch.Tensor, lpk: np.ndarray) -> tuple[torch.Tensor, bool]:
         """Each id's global row (int64) and whether any id is outside its table (those ids then
         map to their table's row 0: the batch is refused at placement, with the offending id)."""
-        n_tables, per = len(lpk), int(lpk[0]) if len(lpk) else 0
-        if per and (lpk == per).all():  # one length per table: no per-id table needed
-            ids = v.view(n_tables, per)
+        per = uniform_length(lpk)
+        if per:  # one length per table: no per-id table needed
+            ids = v.view(len(lpk), per)
             lo, hi = torch.aminmax(ids, dim=1)
             if not bool(((lo < 0) | (hi >= self._t_rows)).any()):
                 return (ids + self._t_row_off[:-1, None]).view(-1), False
-        table = torch.from_numpy(np.repeat(np.arange(n_tables), lpk))
+        table = id_tables(lpk)
         v = v.long()
         bad_id = (v < 0) | (v >= self._t_rows.index_select(0, table))
         bad = bool(bad_id.any())
@@ -137,15 +137,7 @@ class IdPath:
     @staticmethod
     def _table_of_ids(pos: np.ndarray, lpk: np.ndarray) -> np.ndarray:
         """The table of each id at positions ``pos`` of a batch (ids are feature-major)."""
-        per = int(lpk[0]) if len(lpk) else 0
-        if per and (lpk == per).all():
+        per = uniform_length(lpk)
+        if per:
             return pos // per
         return np.searchsorted(np.cumsum(lpk), pos, side="right")
-
-    def _count_hits_ids(self, b: WindowBatch) -> None:
-        """A forwarded batch analysed per id: its accesses, hits and distinct rows."""
-        assert b.first_hits is not None and isinstance(b.n_uniq, int)  # placed
-        table_hits, distinct_hits = b.first_hits
-        self._counters.forwarded(
-            b.num_ids, b.table_accesses, b.n_uniq, table_hits.sum(), distinct_hits, table_hits
-        )

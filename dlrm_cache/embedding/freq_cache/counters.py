@@ -29,16 +29,15 @@ class Counters:
         num_ids: int,
         table_accesses: np.ndarray,
         distinct: int,
-        hits: torch.Tensor,
-        distinct_hits: torch.Tensor | int,
         table_hits: torch.Tensor,
+        distinct_hits: torch.Tensor | int,
     ) -> None:
         """A forwarded batch: ``num_ids`` accesses (``table_accesses`` per table) to ``distinct``
-        rows; ``hits`` of the accesses, ``distinct_hits`` of the rows (``table_hits`` of each
-        table's accesses) were resident before the batch was placed (device scalars)."""
+        rows; ``table_hits`` of each table's accesses and ``distinct_hits`` of the rows were
+        resident before the batch was placed."""
         self.host["accesses"] += num_ids
         self.host["distinct"] += distinct
-        self.dev["hits"] += hits
+        self.dev["hits"] += table_hits.sum()
         self.dev["distinct_hits"] += distinct_hits
         self.table_accesses += table_accesses
         self.table_hits += table_hits

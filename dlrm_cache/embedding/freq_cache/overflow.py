@@ -41,7 +41,8 @@ class OverflowPath:
     _inflight: list[WindowBatch]
     _slot_of: Callable[[torch.Tensor], torch.Tensor]
     _evict_and_load: Callable[[torch.Tensor, torch.Tensor], None]
-    _count_hits: Callable[[WindowBatch, torch.Tensor], None]
+    _hit_sums: Callable[[WindowBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    _count_forwarded: Callable[[WindowBatch, torch.Tensor, torch.Tensor | int], None]
     _deduplicate: Callable[[WindowBatch], None]
 
     def _forward_overflow(self, b: WindowBatch, features: KeyedJaggedTensor) -> torch.Tensor:
@@ -64,7 +65,7 @@ class OverflowPath:
                 self._evict_and_load(victims, admit)
             slots = self._slot_of(rows)
             self.policy.observe(rows, counts, slots, all_held=False)
-            self._count_hits(b, resident)
+            self._count_forwarded(b, *self._hit_sums(b, resident))
         self.mover.sync()
         self.mover.use_on_compute(
             rows, slots, inverse

@@ -77,7 +77,7 @@ class EvictionPolicy:
             one = torch.ones((), dtype=self.observed.dtype, device=rows.device)
             self.observed.index_add_(0, rows, one.expand(rows.numel()))
         if self.name != "freq" or self.observed is not None:  # plain freq scores never change
-            self.slot_score.index_copy_(0, slots.long(), self._row_score(rows))
+            self.slot_score.index_copy_(0, slots, self._row_score(rows))
 
     def admit_first(self, rows: torch.Tensor, k: int) -> torch.Tensor:
         """The ``k`` of ``rows`` most worth caching (when not all of them fit)."""

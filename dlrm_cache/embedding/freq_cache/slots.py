@@ -134,7 +134,7 @@ class SlotTable:
         self.pin.index_add_(0, slots, one, alpha=delta)
 
     def mark_dirty(self, slots: torch.Tensor) -> None:
-        self.dirty.index_fill_(0, slots.long(), True)
+        self.dirty.index_fill_(0, slots, True)
 
     def resident(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots, rows) of every occupied slot."""
