@@ -849,7 +849,7 @@ def test_cpu_cache_op_budget_per_batch():
     """A CPU cache with the dense map places batches per id (by_id.py) in fewer aten ops than
     from a dedup of every batch did: its prefetch + forward + backward beyond the uncached
     backend's forward + backward, per batch of the trainer's loop (window of 2, one id per sample
-    and table).  Measured 2026-11-25 (torch 2.13 CPU): 68 per batch; 73.75 before (694d216)."""
+    and table).  Measured 2026-11-25 (torch 2.13 CPU): 70.25 per batch; 73.75 before (694d216)."""
     from dlrm_cache.bench.syncs import HostSyncCounter
 
     tables = make_tables([20000, 5000, 300, 8000])
