@@ -49,7 +49,7 @@ class DataConfig:
     analysis_threads: int = checked(
         2, ge=1
     )  # loader threads for a CPU freq_cache's per-batch sort with row_map=sorted (the dense map
-    # dedups without one, a GPU cache on the device)
+    # places batches per id, without one; a GPU cache sorts on the device)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 

@@ -29,8 +29,8 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
 
     ``analyze`` (dedup, global rows, the out-of-range flag) runs in the loader thread only for a
     CPU cache with ``row_map=sorted``; otherwise the planner does it inside ``prefetch`` (on a GPU
-    on the device; on a CPU with the dense map through the map, where its ``nonzero`` and
-    ``bincount`` are no synchronization, though the counter below lists them).  ``prefetch`` (lookups, eviction,
+    on the device; on a CPU with the dense map per id through the map, freq_cache/by_id.py,
+    where its ``nonzero`` is no synchronization, though the counter below lists it).  ``prefetch`` (lookups, eviction,
     row copies) is timed in the training thread up to a device synchronize, so on a GPU it is the
     plan + copy latency of one batch; with the look-ahead window it overlaps the steps of earlier
     batches, so it must stay below the step time, not add to it.  After the timed batches,
