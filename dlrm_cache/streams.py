@@ -67,6 +67,17 @@ class Streams:
         """Entered by every thread (other than the main one) that issues device work."""
         return contextlib.nullcontext()
 
+    # -- host memory -----------------------------------------------------------------------
+    def pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised staging buffer: host memory that copies on a stream read or write
+        asynchronously (page-locked under CUDA).  The host fills or reads it only when the
+        copies that use it are known to be done; no kernel touches it, only copies."""
+        return torch.empty(shape, dtype=dtype)
+
+    def host_resident(self, tensor: torch.Tensor) -> None:
+        """Declares that ``tensor`` lives in host memory (the cache's host store): only host
+        work (``on_host``) touches it; rows reach the device through staging buffers."""
+
     # -- ordering --------------------------------------------------------------------------
     def wait_stream(self, waiter: Any, waited: Any) -> None:
         """Work issued on ``waiter`` from now on runs after the work issued on ``waited`` so far."""
@@ -88,6 +99,9 @@ class Streams:
 
     def synchronize(self) -> None:
         """Everything issued on every stream has finished."""
+
+    def host_wait(self, event: Any) -> None:
+        """The host waits until ``event`` (``record_event``) has completed."""
 
     def host_knowledge(self) -> Any:
         """What the calling thread knows to have finished on the device (handed to another
@@ -143,6 +157,15 @@ class CudaStreams(Streams):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        # torch's caching host allocator hands a block out again only once the copies recorded
+        # on it (non_blocking copies from or to it) have completed
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def host_wait(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()
 
     def timed_wait(self, stream: Any, event: Any) -> Any:
         before = torch.cuda.Event(enable_timing=True)
