@@ -29,12 +29,6 @@ class CachePolicy(Choice):
     lru = "lru"
 
 
-class RowMap(Choice):
-    auto = "auto"
-    sorted = "sorted"
-    dense = "dense"
-
-
 class Backend(Choice):
     host = "host"
     hbm = "hbm"

@@ -27,7 +27,6 @@ from .choices import (
     CachePolicy,
     DenseOptimName,
     Precision,
-    RowMap,
     SparseOptimName,
     UvmAlgorithm,
 )
@@ -48,8 +47,8 @@ class DataConfig:
     )  # batches decoded ahead by the background reader thread
     analysis_threads: int = checked(
         2, ge=1
-    )  # loader threads for a CPU freq_cache's per-batch sort with row_map=sorted (the dense map
-    # places batches per id, without one; a GPU cache sorts on the device)
+    )  # loader threads running the embedding's analysis of each batch (the freq_cache on a GPU:
+    # global rows and static slots, the cache-independent part of its host planning)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
@@ -122,9 +121,9 @@ class FreqCacheEmbeddingConfig(EmbeddingConfig):
     static_fraction: float = checked(
         0.5, ge=0, le=1
     )  # share of the cache pinned to the hottest rows (never evicted)
-    row_map: RowMap = (
-        RowMap.auto
-    )  # row -> slot lookup: sorted (device memory ~ cache) | dense (per row)
+    # host threads splitting the planner's row gathers and scatters (0: 1 on a CPU device, whose
+    # step uses every core; up to 4 on a GPU)
+    planner_threads: int = checked(0, ge=0)
     # samples per step whose ids the look-ahead window must hold (the trainer's global data.batch_size;
     # 0: no sizing, the window gets what cache_ratio leaves)
     batch_size: int = checked(0, ge=0)

@@ -54,12 +54,12 @@ class Pipeline:
         self.train = train
         self.device = device
         self.streams = streams_for(device)
-        analyze = self._analyze if self.lookahead else None
+        analyze = self._analyze if backend is not None else None
         self._reader = Prefetcher(batches, depth, transform=analyze, workers=analysis_threads)
 
     def _analyze(self, batch: Batch) -> Batch:
         """Loader thread: the backend's cache-independent work on a future batch."""
-        assert self.backend is not None  # set up only when lookahead > 0, which needs a backend
+        assert self.backend is not None  # set up only with a backend
         batch.analysis = self.backend.analyze(batch.sparse)
         return batch
 
@@ -76,8 +76,7 @@ class Pipeline:
         window: deque[tuple[Batch, Any]] = deque()
         for host in self._reader:
             batch, ready = self._to_device(host)
-            if self.lookahead:
-                assert self.backend is not None  # lookahead > 0 comes from a backend
+            if self.backend is not None:  # lookahead 0: prefetched just before its step
                 self.backend.prefetch(batch.sparse, host.analysis)
             window.append((batch, ready))
             if len(window) > self.lookahead:
@@ -105,10 +104,9 @@ class Pipeline:
 
     def close(self) -> None:
         self._reader.close()
-        if self.lookahead:
+        if self.backend is not None:
             # batches fetched past the last step are never forwarded (this loop's only: an
             # evaluation between training steps leaves the training window alone)
-            assert self.backend is not None  # lookahead > 0 comes from a backend
             self.backend.cancel_prefetch(grad=self.train)
 
     def __enter__(self) -> Pipeline:

@@ -9,107 +9,128 @@ batch retires, when its trained rows go back to their slots or to the host store
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
+import numpy as np
 import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..base import SparseOptim, TableSpec
+from ..base import SparseOptim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .batch import WindowBatch
-from .counters import Counters
-from .mover import Mover
-from .policy import EvictionPolicy
-from .slots import SlotTable
-from .store import HostStore
+from .placement import Placer, tables_of
+
+
+@dataclasses.dataclass
+class _InFlight:
+    tbe: SplitTableBatchedEmbeddingBagsCodegen
+    optim: SparseOptim
+    rows: np.ndarray  # its distinct global rows, in the temporary table's order
+    slots: np.ndarray  # the slot of each (-1: not resident, in the host store)
+    train: bool
 
 
 class OverflowPath:
-    """The overflow path of :class:`~.backend.FreqCacheBackend` (a mixin over its state)."""
-
-    # The backend's state and helpers this path uses (declared for the type checker only).
-    tables: list[TableSpec]
-    optim: SparseOptim
-    dim: int
-    device: torch.device
-    store: HostStore
-    slots: SlotTable
-    policy: EvictionPolicy
-    mover: Mover
-    _lr: float
-    _counters: Counters
-    _inflight: list[WindowBatch]
-    _slot_of: Callable[[torch.Tensor], torch.Tensor]
-    _evict_and_load: Callable[[torch.Tensor, torch.Tensor], None]
-    _hit_sums: Callable[[WindowBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-    _count_forwarded: Callable[[WindowBatch, torch.Tensor, torch.Tensor | int], None]
-    _deduplicate: Callable[[WindowBatch], None]
-
-    def _forward_overflow(self, b: WindowBatch, features: KeyedJaggedTensor) -> torch.Tensor:
-        self._counters.add("overflow_batches", 1)
-        with torch.no_grad(), self.mover.planning():
-            # uniq is trimmed (from a sort: its _prepare read the sizes) or made now (per id)
-            self._deduplicate(b)
-            rows, inverse, counts = b.uniq, b.inverse, b.counts
-            assert rows is not None and inverse is not None and counts is not None
-            resident = self._slot_of(rows) >= 0  # for the hit rate, before admissions
-            # Still admit what fits (the best of the misses by policy), so that a cache too small for
-            # its batches keeps serving the hot rows instead of staying empty.  Nothing is pinned now
-            # (the window was released), and nothing else is prepared until this batch retires.
-            misses = rows[~resident]
-            k = min(misses.numel(), self.slots.num_dynamic)
-            if k:
-                admit = self.policy.admit_first(misses, k)
-                victims = self.policy.choose(k)
-                assert victims is not None  # nothing is pinned: every dynamic slot is free
-                self._evict_and_load(victims, admit)
-            slots = self._slot_of(rows)
-            self.policy.observe(rows, counts, slots, all_held=False)
-            self._count_forwarded(b, *self._hit_sums(b, resident))
-        self.mover.sync()
-        self.mover.use_on_compute(
-            rows, slots, inverse
-        )  # plan-stream tensors read on compute from here
-        res = slots >= 0
-        optim = dataclasses.replace(self.optim, lr=self._lr)
-        tmp = make_tbe(
-            [rows.numel()], self.dim, optim, self.device, feature_table_map=[0] * len(self.tables)
-        )
-        tw = weights_view(tmp, self.dim)
-        tm = momentum_view(tmp, optim, self.dim)
-        with torch.no_grad():
-            tw[res] = self.mover.cache_w[slots[res]]
-            tw[~res] = self.store.weight[rows[~res]]
-            if tm is not None:
-                cache_m, store_m = self.mover.cache_m, self.store.momentum
-                assert cache_m is not None and store_m is not None  # the optimizer keeps momentum
-                tm[res] = cache_m[slots[res]]
-                tm[~res] = store_m[rows[~res]]
-        self._counters.add("rows_loaded", int((~res).sum()))
-        b.train = torch.is_grad_enabled()
-        b.overflow = dict(tbe=tmp, rows=rows, slots=slots, res=res, optim=optim)
-        offsets = features.offsets().to(self.device, dtype=torch.int64)
-        out = tmp(inverse.reshape(-1), offsets)
-        self._inflight.append(b)
-        return out
+    def __init__(self, placer: Placer, optim: SparseOptim, dim: int, device: torch.device) -> None:
+        self.placer = placer
+        self.optim = optim
+        self.dim = dim
+        self.device = device
 
     @torch.no_grad()
-    def _retire_overflow(self, b: WindowBatch) -> None:
-        o, b.overflow = b.overflow, None
-        if not b.train:
+    def _admit(self, rows: np.ndarray, resident: np.ndarray) -> None:
+        """Still admit what fits (the best of the misses by policy), so that a cache too small for
+        its batches keeps serving the hot rows.  Nothing is pinned now (the window was released)."""
+        p = self.placer
+        misses = rows[~resident]
+        k = min(len(misses), p.slots.num_dynamic)
+        if not k:
             return
-        assert o is not None  # called for overflow batches only
-        self.mover.sync()
-        tw = weights_view(o["tbe"], self.dim)
-        tm = momentum_view(o["tbe"], o["optim"], self.dim)
-        res, slots, rows = o["res"], o["slots"], o["rows"]
-        cache_w, cache_m, store = self.mover.cache_w, self.mover.cache_m, self.store
-        cache_w.index_copy_(0, slots[res], tw[res])
-        store.weight.index_copy_(0, rows[~res], tw[~res])
-        if tm is not None:
-            assert cache_m is not None and store.momentum is not None  # momentum kept
-            cache_m.index_copy_(0, slots[res], tm[res])
-            store.momentum.index_copy_(0, rows[~res], tm[~res])
-        self.slots.dirty[slots[res]] = True
-        self._counters.add("rows_written_back", int((~res).sum()))
-        self.mover.sync()
+        admit = p.policy.best(misses, k)
+        victims = p.policy.choose(k)
+        assert victims is not None  # nothing is pinned: every dynamic slot is free
+        wb_slots, wb_rows, evicted = p.slots.assign(victims, admit)
+        p.policy.admitted(victims, admit)
+        p.transfers.place(victims, admit, wb_slots, wb_rows, np.zeros(0, dtype=np.int64))
+        p.transfers.sync()
+        p.transfers.apply_write_backs(keep=0)
+        p.counters.add("evictions", evicted)
+        p.counters.add("rows_written_back", len(wb_rows))
+        p.counters.add("rows_loaded", k)
+
+    def forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
+        p, a = self.placer, b.analysis
+        assert a is not None  # analysed
+        p.counters.add("overflow_batches", 1)
+        p.transfers.sync()
+        p.transfers.apply_write_backs(keep=0)
+        first, inverse = p.slots.dedup_rows(a.grow)
+        rows = a.grow[first]
+        slots = p.slots.row_slot[rows].astype(np.int64)
+        resident = slots >= 0
+        missed = np.bincount(
+            tables_of(np.flatnonzero(~resident[inverse]), a.table_accesses),
+            minlength=len(a.table_accesses),
+        )
+        p.counters.forwarded(
+            a.table_accesses, a.table_accesses - missed, len(rows), int(resident.sum())
+        )
+        self._admit(rows, resident)
+        slots = p.slots.row_slot[rows].astype(np.int64)
+        resident = slots >= 0
+        held = slots >= p.slots.num_static
+        p.used(rows[held], slots[held])
+        optim = dataclasses.replace(self.optim, lr=lr)
+        tbe = make_tbe([len(rows)], self.dim, optim, self.device, feature_table_map=[0] * len(a.table_accesses))
+        records = torch.empty((len(rows), p.store.record_cols), device=self.device)
+        if resident.any():
+            records[p.transfers.index(np.flatnonzero(resident))] = (
+                p.transfers.slot_records(slots[resident])
+            )
+        if (~resident).any():
+            records[p.transfers.index(np.flatnonzero(~resident))] = (
+                p.transfers.host_records(rows[~resident])
+            )
+        _set_records(tbe, optim, self.dim, records)
+        p.counters.add("rows_loaded", int((~resident).sum()))
+        b.overflow = _InFlight(tbe, optim, rows, slots, torch.is_grad_enabled())
+        indices = p.transfers.index(inverse)
+        offsets = features.offsets().to(self.device, dtype=torch.int64)
+        return tbe(indices, offsets)
+
+    @torch.no_grad()
+    def retire(self, b: WindowBatch) -> None:
+        """After ``b``'s backward: its trained rows back to their slots or the host store."""
+        o, b.overflow = b.overflow, None
+        if not o.train:
+            return
+        p = self.placer
+        p.transfers.sync()
+        records = _get_records(o.tbe, o.optim, self.dim)
+        res = o.slots >= 0
+        if res.any():
+            idx = p.transfers.index(np.flatnonzero(res))
+            p.transfers.to_slots(o.slots[res], records[idx])
+            p.slots.dirty[o.slots[res]] = True
+            p.slots.static_dirty = True
+        if (~res).any():
+            idx = p.transfers.index(np.flatnonzero(~res))
+            p.transfers.to_host(o.rows[~res], records[idx])
+            p.counters.add("rows_written_back", int((~res).sum()))
+        p.transfers.sync()
+
+
+def _set_records(tbe, optim: SparseOptim, dim: int, records: torch.Tensor) -> None:
+    tw, tm = weights_view(tbe, dim), momentum_view(tbe, optim, dim)
+    tw.copy_(records[:, :dim])
+    if tm is not None:
+        tm.copy_(records[:, dim:].reshape(tm.shape))
+
+
+def _get_records(tbe, optim: SparseOptim, dim: int) -> torch.Tensor:
+    tw, tm = weights_view(tbe, dim), momentum_view(tbe, optim, dim)
+    if tm is None:
+        return tw
+    return torch.cat([tw, tm.reshape(tw.shape[0], -1)], dim=1)

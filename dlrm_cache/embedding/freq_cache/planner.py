@@ -8,8 +8,9 @@ step's next parallel region then waits for (docs/benchmarks.md has the measureme
 
 The training thread posts tasks (a prefetched batch, a retirement with the compute stream's event,
 a demand for a batch it is about to forward) and, with the thread, returns at once; the planner
-runs them in the order posted, on the plan stream, under ``torch.no_grad()``.  Torch ops release
-the interpreter lock, so on a GPU the cache's planning and row transfers overlap the step.
+runs them in the order posted, with the copy stream current, under ``torch.no_grad()``.  Its host
+work is numpy and torch CPU ops, which release the interpreter lock, so on a GPU the cache's
+planning and row transfers overlap the step.
 ``call`` runs a task and waits for it (and so for every task posted before
 it): flush, export, import, stats and cancellation go through it, and while the training thread
 waits in ``call`` or right after it, the planner is idle and owns nothing.
@@ -71,7 +72,7 @@ class Planner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         st = self.streams
-        with st.thread_setup(), st.use(st.plan), torch.no_grad():
+        with st.thread_setup(), st.use(st.copy), torch.no_grad():
             while True:
                 task = self._tasks.get()
                 if task is None:
@@ -96,7 +97,7 @@ class Planner:
 
     def _inline(self, fn: Callable[..., Any], args: tuple) -> Any:
         st = self.streams
-        with st.use(st.plan), torch.no_grad():
+        with st.use(st.copy), torch.no_grad():
             return fn(*args)
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:

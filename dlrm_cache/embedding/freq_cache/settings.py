@@ -17,7 +17,7 @@ def check_settings(
     static_fraction: float,
     lookahead: Any,
     batch_size: Any,
-    row_map: str,
+    planner_threads: Any,
     counts: Any,
 ) -> None:
     """One line naming the key for the first setting out of its range."""
@@ -31,8 +31,10 @@ def check_settings(
         raise ValueError(f"embedding.lookahead={lookahead!r}: must be an integer >= 0")
     if int(batch_size) != batch_size or batch_size < 0:
         raise ValueError(f"embedding.batch_size={batch_size!r}: must be an integer >= 0")
-    if row_map not in ("auto", "sorted", "dense"):
-        raise ValueError(f"embedding.row_map={row_map!r}: choose auto, sorted or dense")
+    if int(planner_threads) != planner_threads or planner_threads < 0:
+        raise ValueError(
+            f"embedding.planner_threads={planner_threads!r}: must be an integer >= 0 (0: auto)"
+        )
     if policy == "freq" and counts is None:
         raise ValueError(
             "embedding.policy='freq' ranks rows by their dataset access counts, but no counts "

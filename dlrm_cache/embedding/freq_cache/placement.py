@@ -1,0 +1,177 @@
+"""Placing a batch, on the host: its ids' slots, its misses, their victims, its pins and its copies.
+
+The input pipeline holds every batch in host memory before the device does, so the cache plans on
+the host (as look-ahead caches do: cDLRM, ScratchPipe), against host bookkeeping (slots.py), and
+sends the device only what it must do (transfer.py).  Per batch, in O(ids) host work:
+
+* ``analyze`` (cache-independent; the loader thread runs it on a GPU): each id's global row, the
+  range check, and the static region's slots, which follow from the ids' ranks.
+* ``prepare`` (the planner thread): one gather of the other ids' slots from the row map; their
+  misses, deduplicated through a scratch array; victims from the eviction policy (O(victims));
+  pins per id (a pinned slot is never a victim until its batch retires); dirty bits; hit
+  statistics; then the batch's copies (transfer.py) -- host-to-device rows into the victims,
+  dirty victims written back, the lookup indices -- on the copy stream.
+* ``release``: a retired (or unprepared) batch's pins.
+
+Nothing here reads the device: a placement's sizes are host numbers, so the planner never waits
+for a kernel, and the training thread only waits for the batch's "rows ready" event on the GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from .batch import Analysis, WindowBatch, id_tables, uniform_length
+from .counters import Counters
+from .layout import CacheLayout
+from .policy import EvictionPolicy
+from .slots import PENDING, SlotTable
+from .store import HostStore
+from .transfer import Transfers
+
+
+class Placer:
+    def __init__(
+        self,
+        table_names: list[str],
+        table_rows: np.ndarray,
+        layout: CacheLayout,
+        slots: SlotTable,
+        policy: EvictionPolicy,
+        store: HostStore,
+        transfers: Transfers,
+    ) -> None:
+        self.table_names = table_names
+        self.rows = table_rows
+        self.row_off = store.row_offsets
+        self.static_rows = layout.static_rows
+        self.static_off = layout.static_offsets
+        self.slots = slots
+        self.policy = policy
+        self.store = store
+        self.transfers = transfers
+        # observed accesses as a torch view (index_add_: numpy's add.at is several times slower)
+        self._observed = None if store.observed is None else torch.from_numpy(store.observed)
+        self.counters = Counters(len(table_names))
+
+    # -- analysis (no cache state: any thread) ---------------------------------------------
+    def analyze(self, kjt: KeyedJaggedTensor, values: np.ndarray) -> Analysis:
+        """``kjt``'s ids (``values``, on the host) as global rows and static slots."""
+        if list(kjt.keys()) != self.table_names:
+            raise ValueError(f"freq_cache: batch features {list(kjt.keys())} != tables {self.table_names}")
+        lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
+        per = uniform_length(lpk)
+        if per and values.size == per * len(lpk):  # one length per table: [tables, per] views
+            ids = values.reshape(len(lpk), per)
+            bad = bool((ids.min(axis=1) < 0).any() or (ids.max(axis=1) >= self.rows).any())
+            rows, static_rows, static_off = self.row_off[:-1, None], self.static_rows[:, None], self.static_off[:, None]
+            table_rows = self.rows[:, None]
+        else:
+            table = id_tables(lpk)
+            ids = values
+            table_rows = self.rows[table]
+            bad = bool(((ids < 0) | (ids >= table_rows)).any())
+            rows, static_rows, static_off = self.row_off[table], self.static_rows[table], self.static_off[table]
+        if bad:
+            ids = np.where((ids < 0) | (ids >= table_rows), 0, ids)
+        grow = (ids + rows).reshape(-1)
+        static = (ids < static_rows).reshape(-1)
+        lookup = np.where(static, (ids + static_off).reshape(-1), -1).astype(values.dtype)
+        return Analysis(kjt, values, lpk, grow, lookup, np.flatnonzero(~static), bad)
+
+    def bad_id_error(self, a: Analysis) -> IndexError:
+        """The error naming the first out-of-range id of a batch ``analyze`` found ``bad``."""
+        values, table = a.values, id_tables(a.table_accesses)
+        limit = self.rows[table]
+        i = int(np.flatnonzero((values < 0) | (values >= limit))[0])
+        return IndexError(
+            f"freq_cache: id {int(values[i])} out of range for table "
+            f"{self.table_names[table[i]]} ({int(limit[i])} rows)"
+        )
+
+    # -- placement (the planner thread) ----------------------------------------------------
+    @torch.no_grad()
+    def prepare(self, b: WindowBatch) -> bool:
+        """Make ``b``'s rows resident, pin them and issue its copies; False (nothing changed) when
+        its missing rows do not fit beside the pinned window."""
+        a, s = b.analysis, self.slots
+        assert a is not None and not a.bad  # analysed; a refused batch is never placed
+        self.transfers.apply_write_backs(keep=1)
+        rows = a.grow[a.dynamic]
+        sd = s.row_slot[rows].astype(np.int64)
+        if (sd == PENDING).any():  # evicted dirty lately: in the host store first
+            self.transfers.apply_write_backs(keep=0)
+            sd = s.row_slot[rows].astype(np.int64)
+        miss = np.flatnonzero(sd < 0)
+        hits = sd[sd >= 0]
+        s.pin_add(hits, 1)  # this batch's resident rows are no victims
+        first, inverse = s.dedup_rows(rows[miss])
+        loads = rows[miss[first]]
+        victims = self.policy.choose(len(loads))
+        if victims is None:
+            s.pin_add(hits, -1)
+            return False
+        wb_slots, wb_rows, evicted = s.assign(victims, loads)
+        self.policy.admitted(victims, loads)
+        sd[miss] = victims[inverse]
+        s.pin_add(sd[miss], 1)
+        lookup = a.lookup.copy()
+        lookup[a.dynamic] = sd
+        if b.first_hits is None:  # what was resident at the first placement: counted at forward
+            b.first_hits = self._hits(a, miss, lookup, len(loads))
+        self.used(rows, sd)
+        b.pinned, b.prepared = sd, True
+        if b.train:
+            self.mark_dirty(b)
+        self.counters.add("evictions", evicted)
+        self.counters.add("rows_written_back", len(wb_rows))
+        self.counters.add("rows_loaded", len(loads))
+        b.indices, b.event = self.transfers.place(victims, loads, wb_slots, wb_rows, lookup)
+        return True
+
+    def release(self, b: WindowBatch) -> None:
+        """``b`` no longer holds its slots (retired, or unprepared to make room)."""
+        assert b.pinned is not None  # prepared
+        self.slots.pin_add(b.pinned, -1)
+        b.prepared, b.pinned = False, None
+
+    def mark_dirty(self, b: WindowBatch) -> None:
+        """``b``'s slots will be updated by its step (its static rows: the static region)."""
+        assert b.pinned is not None  # prepared
+        self.slots.dirty[b.pinned] = True
+        self.slots.static_dirty = True
+
+    def count_forwarded(self, b: WindowBatch) -> None:
+        assert b.analysis is not None and b.first_hits is not None  # placed
+        table_hits, distinct, distinct_hits = b.first_hits
+        self.counters.forwarded(b.analysis.table_accesses, table_hits, distinct, distinct_hits)
+
+    def _hits(
+        self, a: Analysis, miss: np.ndarray, lookup: np.ndarray, loads: int
+    ) -> tuple[np.ndarray, int, int]:
+        """Hits per table, distinct rows and distinct rows hit of a batch whose dynamic ids at
+        ``miss`` were not resident (``loads`` distinct rows), placed at ``lookup``."""
+        missed = np.bincount(
+            tables_of(a.dynamic[miss], a.table_accesses), minlength=len(a.table_accesses)
+        )
+        distinct = self.slots.count_distinct_slots(lookup)  # one slot per distinct row
+        return a.table_accesses - missed, distinct, distinct - loads
+
+    def used(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        """The policy's view of a placement: observed accesses per id, rescored slots."""
+        if self._observed is not None:
+            one = torch.ones((), dtype=torch.int64).expand(len(rows))
+            self._observed.index_add_(0, torch.from_numpy(rows), one)
+        if self.policy.rescores:
+            first, _ = self.slots.dedup_rows(rows)
+            self.policy.used(slots[first], rows[first])
+
+
+def tables_of(pos: np.ndarray, lpk: np.ndarray) -> np.ndarray:
+    """The table of each id at positions ``pos`` of a batch (ids are feature-major)."""
+    per = uniform_length(lpk)
+    if per:
+        return pos // per
+    return np.searchsorted(np.cumsum(lpk), pos, side="right")

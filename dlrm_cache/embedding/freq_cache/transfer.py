@@ -1,0 +1,277 @@
+"""Rows between the host store and the device slots: staging buffers, copies and one scatter/gather.
+
+The planner decides everything on the host (placement.py); what reaches the device per placed
+batch is, on the *copy* stream (dlrm_cache/streams.py):
+
+1. one host-to-device copy of one pinned staging buffer holding the victims' slot ids, the
+   write-back slots, the batch's lookup indices (slot per id) and the missing rows' records
+   (weights and optimizer state, gathered from the host store by the planner's host threads);
+2. a wait for the event recorded on the compute stream when batches were last retired (the
+   backward that last updated a victim slot, and the steps of the batches it held, come first);
+3. the write-backs: one gather of the dirty victims' slots into a device buffer (per fbgemm
+   buffer: weights, optimizer state) and one device-to-host copy into a pinned buffer, whose event
+   the planner waits for before it scatters those rows into the host store -- one placement later,
+   so it waits for work issued long before (a row needed sooner is waited for at once);
+4. one scatter of the loaded records into the victim slots (per fbgemm buffer), then the batch's
+   "rows ready" event, which the compute stream waits for before the batch's lookup.
+
+So every row crosses PCIe in a contiguous copy issued on the copy stream (the copy engines, not
+the SMs), no kernel touches host memory, and the device work per batch is a fixed handful of
+operations whatever the cache's size.  On a CPU device the same code runs with plain buffers and
+no streams (every operation in order as issued).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ...streams import streams_for
+from .slots import SlotTable
+from .store import HostStore
+
+# rows per staging buffer when whole regions move (import, flush): bounds the pinned memory
+CHUNK_ROWS = 1 << 16
+
+
+class _WriteBack(NamedTuple):
+    rows: np.ndarray  # global rows, distinct
+    records: torch.Tensor  # [n, record_cols] staging buffer, filled by a device-to-host copy
+    event: Any  # recorded after that copy
+
+
+class Transfers:
+    def __init__(
+        self,
+        store: HostStore,
+        slots: SlotTable,
+        cache_w: torch.Tensor,
+        cache_m: torch.Tensor | None,
+        device: torch.device,
+    ) -> None:
+        self.store = store
+        self.slots = slots
+        self.cache_w = cache_w  # [num_slots, dim] view of the TBE's weights
+        self.cache_m = cache_m  # [num_slots] or [num_slots, dim]; None for SGD
+        self.dim = cache_w.shape[1]
+        self.device = device
+        self.streams = streams_for(device)
+        self.compute = self.streams.compute
+        self.streams.host_resident(store.data)
+        self._pending: deque[_WriteBack] = deque()
+        self._waits: list = []  # timing tokens around the compute stream's waits
+        self._wait_folded = 0.0
+        # the compute stream's work the copy stream must wait for before evicting (see retired)
+        self._retire_event = self.streams.record_event(self.compute)
+
+    # -- the training thread's side --------------------------------------------------------
+    def track_compute(self) -> None:
+        """The caller's current stream is the compute stream."""
+        self.compute = self.streams.current_stream()
+
+    def compute_event(self) -> Any:
+        """An event after the compute stream's work so far (recorded on the training thread)."""
+        return self.streams.record_event(self.compute)
+
+    def wait_ready(self, event: Any, indices: torch.Tensor) -> None:
+        """The compute stream waits for a batch's ``event`` before its lookup reads ``indices``
+        (made on the copy stream).  Timing tokens around the wait measure how long the GPU really
+        sat waiting for the rows (read lazily by ``transfer_wait_s``: no host synchronization)."""
+        st = self.streams
+        cur = st.current_stream()
+        token = st.timed_wait(cur, event)
+        if token is not None:
+            self._waits.append(token)
+            if len(self._waits) > 512:  # stats() not called for a long time: fold the old ones
+                self._wait_folded += st.waited_seconds(self._waits[:256])
+                del self._waits[:256]
+        st.record_stream(indices, cur)
+
+    def transfer_wait_s(self) -> float:
+        """Seconds the compute stream waited for batches' rows since ``reset_transfer_wait`` (0 on
+        the CPU).  Reading waits for the timed waits so far (folded into one number)."""
+        self._wait_folded += self.streams.waited_seconds(self._waits)
+        self._waits.clear()
+        return self._wait_folded
+
+    def reset_transfer_wait(self) -> None:
+        self._wait_folded = 0.0
+        self._waits.clear()
+
+    # -- the planner's side ----------------------------------------------------------------
+    def retired(self, event: Any) -> None:
+        """Batches were retired when ``event`` was recorded (``compute_event``): their backward
+        passes come before any later write-back or load of their (now unpinned) slots."""
+        self._retire_event = event
+
+    def place(
+        self,
+        victims: np.ndarray,
+        rows: np.ndarray,
+        wb_slots: np.ndarray,
+        wb_rows: np.ndarray,
+        lookup: np.ndarray,
+    ) -> tuple[torch.Tensor, Any]:
+        """A placed batch's copies: ``rows`` (from the host store) into ``victims`` after the
+        dirty ``wb_slots`` were written back (to ``wb_rows``); the batch's ``lookup`` indices on
+        the device.  Returns those indices and the event after which they and the rows are there."""
+        st = self.streams
+        k, w = len(rows), len(wb_slots)
+        staging, parts = self._staging(k, w, lookup)
+        with st.on_host():
+            parts["victims"].numpy()[:] = victims
+            parts["wb_slots"].numpy()[:] = wb_slots
+            parts["lookup"].numpy()[:] = lookup
+            self.store.gather(rows, parts["records"])
+        with st.use(st.copy):
+            dev = self._to_device(staging)
+            d = _views(dev, k, w, lookup, self.store.record_cols)
+            st.wait_event(st.copy, self._retire_event)
+            if w:
+                self._write_back(d["wb_slots"], wb_rows)
+            if k:
+                self._scatter(d["victims"], d["records"])
+            ready = st.record_event(st.copy)
+        return d["lookup"], ready
+
+    def upload(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Fill ``slots`` with ``rows`` from the host store (a whole region: start-up, import),
+        in chunks, ordered after the last retirement; the device is synchronized on return."""
+        for a in range(0, len(slots), CHUNK_ROWS):
+            self.place(slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS], _NONE, _NONE, _NONE)
+        self.sync()
+
+    def write_back_now(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Write ``slots`` back to the host store's ``rows`` and wait for it (flush)."""
+        st = self.streams
+        for a in range(0, len(slots), CHUNK_ROWS):
+            s, r = slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS]
+            staging, parts = self._staging(0, len(s), _NONE)
+            with st.on_host():
+                parts["wb_slots"].numpy()[:] = s
+            with st.use(st.copy):
+                dev = self._to_device(staging)
+                st.wait_event(st.copy, self._retire_event)
+                self._write_back(_views(dev, 0, len(s), _NONE, 0)["wb_slots"], r)
+        self.apply_write_backs(keep=0)
+
+    def apply_write_backs(self, keep: int = 1) -> None:
+        """Scatter written-back rows into the host store, all but the ``keep`` latest placements'
+        (the host waits for their copies: issued at least one placement ago, normally done)."""
+        while len(self._pending) > keep:
+            wb = self._pending.popleft()
+            self.streams.host_wait(wb.event)
+            with self.streams.on_host():
+                self.store.scatter(wb.rows, wb.records.numpy())
+            self.slots.written_back(wb.rows)
+
+    def drop_write_backs(self) -> None:
+        """Forget pending write-backs (the host store is replaced: import)."""
+        self.sync()
+        while self._pending:
+            self.slots.written_back(self._pending.popleft().rows)
+
+    def sync(self) -> None:
+        """Everything issued so far has finished (flush, import, overflow: not on the step path)."""
+        self.streams.synchronize()
+
+    # -- whole records on the current stream, synchronously (the overflow path) ---------------
+    def host_records(self, rows: np.ndarray) -> torch.Tensor:
+        """The host store's records of ``rows``, on the device."""
+        st = self.streams
+        with st.on_host():
+            staging = st.pinned((len(rows), self.store.record_cols), torch.float32)
+            self.store.gather(rows, staging)
+        return self._to_device(staging)
+
+    def slot_records(self, slots: np.ndarray) -> torch.Tensor:
+        """The records held in ``slots``, gathered on the device."""
+        idx = self.index(slots)
+        records = torch.empty((len(slots), self.store.record_cols), device=self.device)
+        torch.index_select(self.cache_w, 0, idx, out=records[:, : self.dim])
+        if self.cache_m is not None:
+            out = records[:, self.dim] if self.cache_m.dim() == 1 else records[:, self.dim :]
+            torch.index_select(self.cache_m, 0, idx, out=out)
+        return records
+
+    def to_slots(self, slots: np.ndarray, records: torch.Tensor) -> None:
+        self._scatter(self.index(slots), records)
+
+    def to_host(self, rows: np.ndarray, records: torch.Tensor) -> None:
+        """``records`` (device) into the host store's ``rows``, waited for."""
+        st = self.streams
+        with st.on_host():
+            host = st.pinned(tuple(records.shape), torch.float32)
+        host.copy_(records, non_blocking=True)
+        st.host_wait(st.record_event(st.current_stream()))
+        with st.on_host():
+            self.store.scatter(rows, host.numpy())
+
+    def index(self, ids: np.ndarray) -> torch.Tensor:
+        """Host int ids as an int64 device tensor (through a staging buffer)."""
+        st = self.streams
+        with st.on_host():
+            staging = st.pinned((len(ids),), torch.int64)
+            staging.numpy()[:] = ids
+        return self._to_device(staging)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _staging(
+        self, k: int, w: int, lookup: np.ndarray
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One pinned buffer for a placement's host-to-device copy, and its parts."""
+        nbytes = _layout(k, w, lookup, self.store.record_cols)[-1]
+        with self.streams.on_host():
+            staging = self.streams.pinned((nbytes,), torch.uint8)
+        return staging, _views(staging, k, w, lookup, self.store.record_cols)
+
+    def _to_device(self, staging: torch.Tensor) -> torch.Tensor:
+        dev = torch.empty(staging.shape, dtype=staging.dtype, device=self.device)
+        dev.copy_(staging, non_blocking=True)
+        return dev
+
+    def _scatter(self, slots: torch.Tensor, records: torch.Tensor) -> None:
+        """Records (device) into the slot buffers: one ``index_copy_`` per fbgemm buffer."""
+        self.cache_w.index_copy_(0, slots, records[:, : self.dim])
+        if self.cache_m is not None:
+            state = records[:, self.dim :].reshape(-1, *self.cache_m.shape[1:])
+            self.cache_m.index_copy_(0, slots, state)
+
+    def _write_back(self, slots: torch.Tensor, rows: np.ndarray) -> None:
+        """Gather ``slots`` (device ids) into one device record buffer, copy it into a pinned one;
+        the host scatters it into ``rows`` later (``apply_write_backs``).  On the copy stream."""
+        st = self.streams
+        n, cols = slots.numel(), self.store.record_cols
+        records = torch.empty((n, cols), dtype=torch.float32, device=self.device)
+        torch.index_select(self.cache_w, 0, slots, out=records[:, : self.dim])
+        if self.cache_m is not None:
+            out = records[:, self.dim] if self.cache_m.dim() == 1 else records[:, self.dim :]
+            torch.index_select(self.cache_m, 0, slots, out=out)
+        with st.on_host():
+            host = st.pinned((n, cols), torch.float32)
+        host.copy_(records, non_blocking=True)
+        self._pending.append(_WriteBack(rows, host, st.record_event(st.copy)))
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _layout(k: int, w: int, lookup: np.ndarray, cols: int) -> list[int]:
+    """Byte offsets of a staging buffer's parts: victims (int64), write-back slots (int64),
+    lookup indices (their dtype), records (float32 [k, cols]); the last entry is the size."""
+    offsets = [0, 8 * k, 8 * (k + w), 8 * (k + w) + lookup.nbytes]
+    return [*offsets, offsets[-1] + 4 * k * cols]
+
+
+def _views(buf: torch.Tensor, k: int, w: int, lookup: np.ndarray, cols: int) -> dict:
+    o = _layout(k, w, lookup, cols)
+    ltype = torch.from_numpy(lookup[:0]).dtype
+    return {
+        "victims": buf[o[0] : o[1]].view(torch.int64),
+        "wb_slots": buf[o[1] : o[2]].view(torch.int64),
+        "lookup": buf[o[2] : o[3]].view(ltype),
+        "records": buf[o[3] : o[4]].view(torch.float32).view(k, cols),
+    }
