@@ -238,6 +238,8 @@ class BenchConfig:
     )
     lookahead: int = checked(FreqCacheEmbeddingConfig.lookahead, ge=0)  # as embedding.lookahead
     policy: CachePolicy = FreqCacheEmbeddingConfig.policy  # freq_cache eviction policy
+    # planning kind: one run per value of embedding.planner_threads (0: auto)
+    planner_threads: list[int] = checked(factory=lambda: [0], ge=0, nonempty=True)
     num_tables: int = checked(26, ge=1)
     rows_per_table: int = checked(20_000, ge=1)  # embedding kind: every table has this many rows
     cardinality_scale: float = checked(

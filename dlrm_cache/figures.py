@@ -231,11 +231,12 @@ def draw_bench(series: dict[str, Any], title: str, path: Path) -> Path:
         ax.set_xlim(
             0, max(series["ms_per_iter"]) * 1.75
         )  # room for the text beside the longest bar
-    else:  # kind=planning: the cache's own work per batch, in two threads
-        h = 0.38
+    else:  # kind=planning: the cache's own work per batch, by thread
+        h = 0.27
         for offset, key, label in (
-            (-h / 2, "analyze_ms", "analyze (loader thread)"),
-            (h / 2, "prefetch_ms", "prefetch (training thread, to a device sync)"),
+            (-h, "analyze_ms", "analysis (loader thread)"),
+            (0, "host_ms", "placement (planner, wall)"),
+            (h, "copy_ms", "copies after it (device)"),
         ):
             bars = ax.barh([i + offset for i in y], series[key], h, label=label)
             for bar, ms in zip(bars, series[key]):
@@ -243,8 +244,8 @@ def draw_bench(series: dict[str, Any], title: str, path: Path) -> Path:
                     bar.get_width(), bar.get_y() + h / 2, f" {ms:.2f} ms", va="center", fontsize=8
                 )
         ax.set_xlabel("milliseconds per batch")
-        ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
-        ax.set_xlim(0, max(series["analyze_ms"] + series["prefetch_ms"]) * 1.2)
+        ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
+        ax.set_xlim(0, max(series["analyze_ms"] + series["host_ms"] + series["copy_ms"]) * 1.2)
     ax.set_yticks(
         list(y),
         [f"{v}\n(baseline)" if v == series.get("baseline") else v for v in labels],

@@ -1,9 +1,11 @@
-"""``bench kind=planning``: the freq_cache's own work per batch (loader thread / training thread up
-to a device synchronize) with Criteo-Kaggle-shaped tables: what has to stay below the step time."""
+"""``bench kind=planning``: the freq_cache's host half per batch (analysis on the loader thread,
+placement on the planner thread, the copies it issues) with Criteo-Kaggle-shaped tables: what has
+to stay below the step time."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections import deque
 from typing import Any
@@ -20,23 +22,19 @@ from .syncs import HostSyncCounter
 
 
 def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str, Any]]:
-    """kind=planning: the freq_cache's own cost per batch, split by thread.
+    """kind=planning: the freq_cache's own cost per batch, by thread, for each cache ratio and
+    each value of ``planner_threads``.
 
-    ``prefetch`` hands the batch to the cache's planner (its thread on a GPU; inline on a CPU);
-    the time measured here is until the planner has placed it (``settle``) and the device has
-    finished (what one batch's planning and copies cost, off the step's critical path in training
-    on a GPU).
-
-    ``analyze`` (dedup, global rows, the out-of-range flag) runs in the loader thread only for a
-    CPU cache with ``row_map=sorted``; otherwise the planner does it inside ``prefetch`` (on a GPU
-    on the device; on a CPU with the dense map per id through the map, freq_cache/by_id.py,
-    where its ``nonzero`` is no synchronization, though the counter below lists it).  ``prefetch`` (lookups, eviction,
-    row copies) is timed in the training thread up to a device synchronize, so on a GPU it is the
-    plan + copy latency of one batch; with the look-ahead window it overlaps the steps of earlier
-    batches, so it must stay below the step time, not add to it.  After the timed batches,
-    ``sync_count_batches`` more run under :class:`HostSyncCounter`: the cache's calls per batch
-    (analyze, prefetch, forward) that make the host wait for the device, and all the aten ops they
-    issue.
+    Per timed batch: ``analyze`` (the loader thread's part on a GPU: global rows, range check,
+    static slots; on a CPU device the planner does it inside the placement), then ``prefetch``
+    up to ``settle`` (the planner has placed the batch: lookups, victims, pins, the host gather of
+    its missing rows into staging, its copies issued), then a device synchronize (the copies
+    themselves).  ``host_ms`` is the wall time of the placement, ``cpu_ms`` the CPU time of the
+    whole process over it (the planner and its host threads), ``copy_ms`` the wait for the
+    device after it.  With the look-ahead window the placement of batch ``t + lookahead`` runs
+    beside step ``t``, so ``host_ms`` must stay below the step time, not add to it.  After the
+    timed batches, ``sync_count_batches`` more run with the training thread's calls (prefetch,
+    forward) under :class:`HostSyncCounter`: the reads that would make it wait for the device.
     """
     from ..embedding.freq_cache import FreqCacheBackend
 
@@ -48,81 +46,94 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     )  # pinned as the loader makes them
     results = []
     for ratio in cfg.cache_ratios:
-        emb = FreqCacheBackend(
-            tables,
-            SparseOptim("rowwise_adagrad", cfg.lr),
-            device=device,
-            cache_ratio=ratio,
-            counts=counts,
-            lookahead=cfg.lookahead,
-            policy=cfg.policy,
-            batch_size=cfg.batch_size,
-        )
-        t_an = t_pre = 0.0
-        timed_end = cfg.warmup + cfg.iters
-        total, window = timed_end + cfg.sync_count_batches, deque[KeyedJaggedTensor]()
-        counter, stats = HostSyncCounter(), None
-        # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
-        for i in range(total + cfg.lookahead):
-            counted = timed_end <= i < total
-            if i == timed_end:
-                stats = emb.take_stats()  # the timed batches' counters
-            with counter if counted else contextlib.nullcontext():
-                if i < total:
-                    kjt = host[i % len(host)].sparse
-                    sync(device)  # the previous batch's forward is not this prefetch's time
-                    t = time.perf_counter()
-                    a = emb.analyze(kjt)
-                    t1 = time.perf_counter()
-                    emb.prefetch(kjt, a)
-                    emb.settle()  # the planner thread placed it (prefetch only posts the batch)
-                    sync(device)
-                    t2 = time.perf_counter()
-                    window.append(kjt)
-                    if i == cfg.warmup:
-                        emb.reset_stats()
-                    if cfg.warmup <= i < timed_end:
-                        t_an, t_pre = t_an + t1 - t, t_pre + t2 - t1
-                if len(window) > cfg.lookahead or i >= total:
-                    emb.forward(window.popleft().to(device))
-                    emb.step_done()
-        stats_all = emb.stats()
-        if stats is None:  # nothing ran after the timed batches
-            stats, stats_all = stats_all, {k: 0.0 for k in stats_all}
-        n = max(1, cfg.sync_count_batches)
-        r = {
-            "variant": f"freq_cache {ratio:.1%} {cfg.policy} planning",
-            "analyze_ms": 1000 * t_an / cfg.iters,
-            "prefetch_ms": 1000 * t_pre / cfg.iters,
-            "hit_rate": stats["hit_rate"],
-            "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters,
-            "stats": stats,
-            "host_syncs_per_batch": counter.total_syncs / n,
-            "aten_ops_per_batch": counter.total_ops / n,
-            "sorts_per_batch": (counter.ops["sort"] + counter.ops["topk"]) / n,
-            "host_syncs_by_kind": {k: v / n for k, v in sorted(counter.syncs.items())},
-            "deferred_batches_all": stats_all["deferred_batches"] + stats["deferred_batches"],
-            "overflow_batches_all": stats_all["overflow_batches"] + stats["overflow_batches"],
-        }
-        print(
-            f"  {r['variant']:<28} analyze (loader thread) {r['analyze_ms']:7.2f} ms/batch  "
-            f"prefetch (training thread, to a device sync) {r['prefetch_ms']:7.2f} ms/batch  "
-            f"hit {r['hit_rate']:.4f}  "
-            f"rows loaded/batch {r['rows_loaded_per_batch']:,.0f}  "
-            f"deferred {stats['deferred_batches']:.0f}"
-            f"  overflow {stats['overflow_batches']:.0f}",
-            flush=True,
-        )
-        kinds = " ".join(f"{k} {v:g}" for k, v in r["host_syncs_by_kind"].items())
-        print(
-            f"  {'':<28} per batch (analyze+prefetch+forward, {cfg.sync_count_batches} batches): "
-            f"host syncs "
-            f"{r['host_syncs_per_batch']:g} ({kinds})  aten ops {r['aten_ops_per_batch']:g}  "
-            f"sort/topk {r['sorts_per_batch']:g}  window {stats['window_rows']:,.0f} rows "
-            f"(needed ~{stats['window_needed_rows']:,.0f}), "
-            f"static {stats['static_rows']:,.0f} rows",
-            flush=True,
-        )
-        results.append(r)
-        del emb
+        for threads in cfg.planner_threads:
+            gc.collect()  # the previous cache's host store goes before this one is made
+            emb = FreqCacheBackend(
+                tables,
+                SparseOptim("rowwise_adagrad", cfg.lr),
+                device=device,
+                cache_ratio=ratio,
+                counts=counts,
+                lookahead=cfg.lookahead,
+                policy=cfg.policy,
+                batch_size=cfg.batch_size,
+                planner_threads=threads,
+            )
+            r = _run(cfg, emb, host, device)
+            r["variant"] = f"freq_cache {ratio:.1%} {cfg.policy} threads={emb.planner_threads}"
+            _print(r)
+            results.append(r)
+            del emb
     return results
+
+
+def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, Any]:
+    timed_end = cfg.warmup + cfg.iters
+    total = timed_end + cfg.sync_count_batches
+    window: deque[KeyedJaggedTensor] = deque()
+    counter, stats = HostSyncCounter(), None
+    t_an = t_host = t_cpu = t_copy = 0.0
+    # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
+    for i in range(total + cfg.lookahead):
+        counted = timed_end <= i < total
+        if i == timed_end:
+            stats = emb.take_stats()  # the timed batches' counters
+        if i < total:
+            kjt = host[i % len(host)].sparse
+            sync(device)  # the previous batch's forward is not this placement's time
+            t = time.perf_counter()
+            a = emb.analyze(kjt)
+            t1, c1 = time.perf_counter(), time.process_time()
+            with counter if counted else contextlib.nullcontext():
+                emb.prefetch(kjt, a)
+            emb.settle()  # the planner thread placed it (prefetch only posts the batch)
+            t2, c2 = time.perf_counter(), time.process_time()
+            sync(device)
+            t3 = time.perf_counter()
+            window.append(kjt)
+            if i == cfg.warmup:
+                emb.reset_stats()
+            if cfg.warmup <= i < timed_end:
+                t_an, t_host, t_cpu, t_copy = t_an + t1 - t, t_host + t2 - t1, t_cpu + c2 - c1, t_copy + t3 - t2
+        if len(window) > cfg.lookahead or i >= total:
+            with counter if counted else contextlib.nullcontext():
+                emb.forward(window.popleft().to(device))
+                emb.step_done()
+    stats_all = emb.stats()
+    if stats is None:  # nothing ran after the timed batches
+        stats, stats_all = stats_all, {k: 0.0 for k in stats_all}
+    n, ms = max(1, cfg.sync_count_batches), 1000 / cfg.iters
+    return {
+        "planner_threads": emb.planner_threads,
+        "analyze_ms": t_an * ms,
+        "host_ms": t_host * ms,
+        "cpu_ms": t_cpu * ms,
+        "copy_ms": t_copy * ms,
+        "hit_rate": stats["hit_rate"],
+        "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters,
+        "rows_written_back_per_batch": stats["rows_written_back"] / cfg.iters,
+        "stats": stats,
+        "host_syncs_per_batch": counter.total_syncs / n,
+        "host_syncs_by_kind": {k: v / n for k, v in sorted(counter.syncs.items())},
+        "deferred_batches_all": stats_all["deferred_batches"] + stats["deferred_batches"],
+        "overflow_batches_all": stats_all["overflow_batches"] + stats["overflow_batches"],
+    }
+
+
+def _print(r: dict[str, Any]) -> None:
+    s = r["stats"]
+    print(
+        f"  {r['variant']:<36} analyze (loader) {r['analyze_ms']:6.2f} ms/batch  placement: "
+        f"{r['host_ms']:6.2f} ms wall, {r['cpu_ms']:6.2f} ms CPU  copies after it "
+        f"{r['copy_ms']:6.2f} ms  hit {r['hit_rate']:.4f}  rows in/out per batch "
+        f"{r['rows_loaded_per_batch']:,.0f}/{r['rows_written_back_per_batch']:,.0f}  "
+        f"deferred {s['deferred_batches']:.0f}  overflow {s['overflow_batches']:.0f}",
+        flush=True,
+    )
+    kinds = " ".join(f"{k} {v:g}" for k, v in r["host_syncs_by_kind"].items()) or "none"
+    print(
+        f"  {'':<36} training thread's host syncs per batch (prefetch+forward): {kinds}; "
+        f"window {s['window_rows']:,.0f} rows (needed ~{s['window_needed_rows']:,.0f}), "
+        f"static {s['static_rows']:,.0f} rows",
+        flush=True,
+    )

@@ -7,9 +7,9 @@ failure policy); each kind of benchmark is a module of its own.
   Criteo-Kaggle-shaped tables, once per backend and (``precisions`` x ``compile``) setting; after
   the timed steps, ``warmup`` + ``iters`` more steps split into phases (bench/breakdown.py) give
   the step's breakdown.  Both: bench/steps.py.
-* ``kind=planning``: the freq_cache's own work per batch (loader thread / training thread up to a
-  device synchronize) with Criteo-Kaggle-shaped tables: what has to stay below the step time:
-  bench/planning.py.
+* ``kind=planning``: the freq_cache's host half per batch (analysis, placement, the copies it
+  issues) with Criteo-Kaggle-shaped tables, per ``planner_threads``: what has to stay below the
+  step time: bench/planning.py.
 * ``kind=loader``: the input pipeline alone on a processed dataset (``data_path``): samples/s of
   batches ready for the step, through training's own path (shard stream, shuffle, rank share, KJT,
   pinned memory and device copy on a GPU), beside the rate of reading the same shards with parquet
@@ -117,7 +117,8 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
 
 def bench_series(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the bench figure draws: per variant that ran, ms/iter and speed against the baseline
-    (kind=planning: analyze and prefetch ms per batch); the skipped ones with their reason."""
+    (kind=planning: analysis, placement and copy ms per batch); the skipped ones with their
+    reason."""
     ran = [r for r in results if "error" not in r]
     out: dict[str, Any] = {
         "variant": [r["variant"] for r in ran],
@@ -127,7 +128,8 @@ def bench_series(results: list[dict[str, Any]]) -> dict[str, Any]:
         out.update(
             metric="planning",
             analyze_ms=[r["analyze_ms"] for r in ran],
-            prefetch_ms=[r["prefetch_ms"] for r in ran],
+            host_ms=[r["host_ms"] for r in ran],
+            copy_ms=[r["copy_ms"] for r in ran],
         )
         return out
     speed_key = next((k for k in (ran[0] if ran else {}) if k.startswith("speed_vs_")), None)

@@ -11,7 +11,8 @@ Threads, from the disk to the step:
 Streams (see dlrm_cache/streams.py): a batch is copied on the device's *input* stream, never on the
 compute stream, so the cache's planning of that batch (which waits for the copy) never waits for
 the step in flight; the compute stream waits for the copy's event only when the batch is handed to
-the step, and the batch's tensors are ``record_stream``-ed there.
+the step, and all of the batch's tensors (the KJT's lengths and offsets too) are
+``record_stream``-ed there.
 
 Prefetch identity is positional (FIFO, see ``EmbeddingBackend``): the batch handed to the step is the
 oldest one prefetched, and the backend is prefetched with the very device batch the step forwards.
@@ -92,8 +93,11 @@ class Pipeline:
         if ready is not None:
             step = st.current_stream()
             st.wait_event(step, ready)
-            for t in (batch.dense, batch.labels, batch.sparse.values()):
-                st.record_stream(t, step)
+            sparse = batch.sparse  # every tensor of the KJT: a sharded batch copies its offsets too
+            kjt = [sparse.values(), sparse.lengths_or_none(), sparse.offsets_or_none()]
+            for t in (batch.dense, batch.labels, *kjt, sparse.weights_or_none()):
+                if t is not None:
+                    st.record_stream(t, step)
         st.handed_to_step()
         return batch
 

@@ -107,6 +107,7 @@ class _Alloc:
 
 _INDEX_DIM0 = {
     aten.index_select.default: ("self", "index", False),
+    aten.index_select.out: ("self", "index", False),
     aten.index_copy_.default: ("self", "index", True),
     aten.index_add_.default: ("self", "index", True),
 }
@@ -255,11 +256,17 @@ class RecordingStreams(Streams):
             self._keep.clear()
 
     # -- internals --------------------------------------------------------------------------
-    def _host_read(self, stream: FakeStream, kind: str) -> None:
+    def host_wait(self, event: FakeEvent | None) -> None:
+        if event is not None:
+            self._host_read(None, "host_wait", event.clock)
+
+    def _host_read(self, stream: FakeStream | None, kind: str, clock: Clock | None = None) -> None:
         with self._lock:
             tid = threading.get_ident()
             host = self._host[tid]
-            clock = self._clocks[stream.index]
+            if clock is None:
+                assert stream is not None
+                clock = self._clocks[stream.index]
             c = self.compute.index
             after = max(host.get(c, 0), self.step_mark)
             waits = clock.get(c, 0) - after
@@ -267,7 +274,7 @@ class RecordingStreams(Streams):
                 self.reads.append(
                     Read(
                         threading.current_thread().name,
-                        stream.name,
+                        stream.name if stream is not None else "event",
                         kind,
                         max(waits, 0),
                         self.step_mark,

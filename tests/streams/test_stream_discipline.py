@@ -32,9 +32,9 @@ def _tracked(init):
 
     def tracked_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        for t in (self.mover.cache_w, self.mover.cache_m, self.store.data):
+        for t in (self.transfers.cache_w, self.transfers.cache_m, self.store.data):
             if t is not None:
-                self.mover.streams.track_rows(t)
+                self.streams.track_rows(t)
 
     return tracked_init
 

@@ -148,7 +148,8 @@ class FreqCacheBackend(EmbeddingBackend):
         self._check_device_memory()
 
         # ---- allocation
-        host = HostThreads(resolve_planner_threads(planner_threads, self.device))
+        self.planner_threads = resolve_planner_threads(planner_threads, self.device)
+        host = HostThreads(self.planner_threads)
         observed = observes_counts(policy, refresh_counts)
         self.store = HostStore(
             self.tables,

@@ -53,7 +53,8 @@ class OverflowPath:
         assert victims is not None  # nothing is pinned: every dynamic slot is free
         wb_slots, wb_rows, evicted = p.slots.assign(victims, admit)
         p.policy.admitted(victims, admit)
-        p.transfers.place(victims, admit, wb_slots, wb_rows, np.zeros(0, dtype=np.int64))
+        sources = np.full(len(admit), -1)  # every write-back applied: all in the host store
+        p.transfers.place(victims, admit, sources, wb_slots, wb_rows, np.zeros(0, dtype=np.int64))
         p.transfers.sync()
         p.transfers.apply_write_backs(keep=0)
         p.counters.add("evictions", evicted)

@@ -27,7 +27,7 @@ from .batch import Analysis, WindowBatch, id_tables, uniform_length
 from .counters import Counters
 from .layout import CacheLayout
 from .policy import EvictionPolicy
-from .slots import PENDING, SlotTable
+from .slots import SlotTable
 from .store import HostStore
 from .transfer import Transfers
 
@@ -98,13 +98,10 @@ class Placer:
         its missing rows do not fit beside the pinned window."""
         a, s = b.analysis, self.slots
         assert a is not None and not a.bad  # analysed; a refused batch is never placed
-        self.transfers.apply_write_backs(keep=1)
+        self.transfers.apply_write_backs(keep=2)
         rows = a.grow[a.dynamic]
         sd = s.row_slot[rows].astype(np.int64)
-        if (sd == PENDING).any():  # evicted dirty lately: in the host store first
-            self.transfers.apply_write_backs(keep=0)
-            sd = s.row_slot[rows].astype(np.int64)
-        miss = np.flatnonzero(sd < 0)
+        miss = np.flatnonzero(sd < 0)  # not resident (in the host store, or being written back)
         hits = sd[sd >= 0]
         s.pin_add(hits, 1)  # this batch's resident rows are no victims
         first, inverse = s.dedup_rows(rows[miss])
@@ -113,7 +110,9 @@ class Placer:
         if victims is None:
             s.pin_add(hits, -1)
             return False
+        sources = s.row_slot[loads]
         wb_slots, wb_rows, evicted = s.assign(victims, loads)
+        s.dirty[victims[sources < -1]] = True  # newer than the host store until its write-back lands
         self.policy.admitted(victims, loads)
         sd[miss] = victims[inverse]
         s.pin_add(sd[miss], 1)
@@ -128,7 +127,9 @@ class Placer:
         self.counters.add("evictions", evicted)
         self.counters.add("rows_written_back", len(wb_rows))
         self.counters.add("rows_loaded", len(loads))
-        b.indices, b.event = self.transfers.place(victims, loads, wb_slots, wb_rows, lookup)
+        b.indices, b.event = self.transfers.place(
+            victims, loads, sources, wb_slots, wb_rows, lookup
+        )
         return True
 
     def release(self, b: WindowBatch) -> None:

@@ -8,8 +8,10 @@ permanently at ``static_offsets[t] + rank`` (found without a lookup, never evict
 Everything here is host memory, owned by the planner thread (the device never reads it):
 
 * ``slot_row``: the global row each slot holds (-1: empty);
-* ``row_slot``: the reverse, one int32 per table row (-1: not resident; ``PENDING``: evicted dirty,
-  its write-back not yet in the host store), so a batch's ids find their slots with one gather;
+* ``row_slot``: the reverse, one int32 per table row, so a batch's ids find their slots with one
+  gather: -1 where the row is not resident, and below -1 (``pending_code``) where it was evicted
+  dirty and its write-back has not reached the host store yet (transfer.py then loads it from
+  that write-back's device buffer);
 * ``pin``: per dynamic slot, how many ids of placed, not yet retired batches use it (a pinned slot
   is never a victim);
 * ``dirty``: per slot, touched by a training batch since it was loaded or flushed
@@ -25,7 +27,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-PENDING = -2  # row_slot of a row written back by a copy the host has not waited for yet
+# row_slot codes of rows whose write-back has not reached the host store: -2 - (a position in the
+# pending write-backs, counted modulo PENDING_SPAN)
+PENDING_SPAN = 1 << 30
+
+
+def pending_code(position: np.ndarray) -> np.ndarray:
+    return (-2 - position % PENDING_SPAN).astype(np.int32)
+
+
+def pending_position(code: np.ndarray) -> np.ndarray:
+    return (-2 - code.astype(np.int64)) % PENDING_SPAN
 
 
 class SlotTable:
@@ -78,24 +90,25 @@ class SlotTable:
 
     def assign(self, slots: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """``rows`` (not resident) now live in ``slots`` (clean); what the slots held is dropped.
-        Returns the dropped rows that were dirty, with their slots (they must be written back, and
-        stay ``PENDING`` in ``row_slot`` until ``written_back``), and how many rows were dropped."""
+        Returns the dropped rows that were dirty, with their slots (they must be written back: the
+        caller gives them their ``pending_code`` until ``written_back``), and how many rows were
+        dropped."""
         old = self.slot_row[slots]
         occupied = old >= 0
         wb = occupied & self.dirty[slots]
         self.row_slot[old[occupied & ~wb]] = -1
         wb_rows = old[wb]
-        self.row_slot[wb_rows] = PENDING
         self.row_slot[rows] = slots
         self.slot_row[slots] = rows
         self.dirty[slots] = False
         return slots[wb], wb_rows, int(np.count_nonzero(occupied))
 
-    def written_back(self, rows: np.ndarray) -> None:
-        """``rows`` are in the host store again: those evicted (``PENDING``) are now just not
-        resident (a flush writes back rows that stay resident)."""
+    def written_back(self, rows: np.ndarray, codes: np.ndarray) -> None:
+        """``rows`` are in the host store again: those still marked with the ``codes`` of this
+        write-back are now just not resident (a row loaded or evicted again since keeps its
+        entry; a flush writes back rows that stay resident)."""
         mapped = self.row_slot[rows]
-        self.row_slot[rows] = np.where(mapped == PENDING, -1, mapped)
+        self.row_slot[rows] = np.where(mapped == codes, -1, mapped)
 
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
         """(slots, rows) of every occupied slot."""

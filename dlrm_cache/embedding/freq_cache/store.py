@@ -63,17 +63,18 @@ class HostStore:
             return records[:, : self.dim], records[:, self.dim]
         return records[:, : self.dim], records[:, self.dim :]
 
-    def gather(self, rows: np.ndarray, out: torch.Tensor) -> None:
+    def gather(self, rows: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = record of rows[i]`` (host memory into a staging buffer), on the host threads
-        (torch's gather: about twice numpy's ``take`` on rows of this size)."""
-        data, idx = self.data, torch.from_numpy(rows)
+        (numpy: each piece on one thread; ``clip`` spares ``take`` a copy of ``out``, and the rows
+        are in range)."""
+        data = self._np
         self.threads.split(
-            len(rows), lambda a, b: torch.index_select(data, 0, idx[a:b], out=out[a:b])
+            len(rows), lambda a, b: np.take(data, rows[a:b], axis=0, out=out[a:b], mode="clip")
         )
 
     def scatter(self, rows: np.ndarray, records: np.ndarray) -> None:
         """``record of rows[i] = records[i]`` (distinct rows), on the host threads (numpy's
-        scatter: about twice torch's ``index_copy_`` on rows of this size)."""
+        scatter: about twice as fast as torch's ``index_copy_`` on rows of this size)."""
         data = self._np
 
         def part(a: int, b: int) -> None:

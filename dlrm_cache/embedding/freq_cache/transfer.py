@@ -10,8 +10,9 @@ batch is, on the *copy* stream (dlrm_cache/streams.py):
    backward that last updated a victim slot, and the steps of the batches it held, come first);
 3. the write-backs: one gather of the dirty victims' slots into a device buffer (per fbgemm
    buffer: weights, optimizer state) and one device-to-host copy into a pinned buffer, whose event
-   the planner waits for before it scatters those rows into the host store -- one placement later,
-   so it waits for work issued long before (a row needed sooner is waited for at once);
+   the planner waits for before it scatters those rows into the host store -- two placements
+   later, so it waits for work issued long before.  A row needed again before that is loaded from
+   the write-back's device buffer (a device copy on the same stream), never waited for;
 4. one scatter of the loaded records into the victim slots (per fbgemm buffer), then the batch's
    "rows ready" event, which the compute stream waits for before the batch's lookup.
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from ...streams import streams_for
-from .slots import SlotTable
+from .slots import SlotTable, pending_code, pending_position
 from .store import HostStore
 
 # rows per staging buffer when whole regions move (import, flush): bounds the pinned memory
@@ -39,7 +40,9 @@ CHUNK_ROWS = 1 << 16
 
 class _WriteBack(NamedTuple):
     rows: np.ndarray  # global rows, distinct
-    records: torch.Tensor  # [n, record_cols] staging buffer, filled by a device-to-host copy
+    codes: np.ndarray  # their row_slot codes while pending (evicted rows), else -1
+    device: torch.Tensor  # [n, record_cols] the rows' records, gathered on the device
+    records: torch.Tensor  # the same in a staging buffer, filled by a device-to-host copy
     event: Any  # recorded after that copy
 
 
@@ -62,6 +65,7 @@ class Transfers:
         self.compute = self.streams.compute
         self.streams.host_resident(store.data)
         self._pending: deque[_WriteBack] = deque()
+        self._pending_next = 0  # the pending position of the next evicted row written back
         self._waits: list = []  # timing tokens around the compute stream's waits
         self._wait_folded = 0.0
         # the compute stream's work the copy stream must wait for before evicting (see retired)
@@ -111,37 +115,76 @@ class Transfers:
         self,
         victims: np.ndarray,
         rows: np.ndarray,
+        sources: np.ndarray,
         wb_slots: np.ndarray,
         wb_rows: np.ndarray,
         lookup: np.ndarray,
     ) -> tuple[torch.Tensor, Any]:
-        """A placed batch's copies: ``rows`` (from the host store) into ``victims`` after the
-        dirty ``wb_slots`` were written back (to ``wb_rows``); the batch's ``lookup`` indices on
-        the device.  Returns those indices and the event after which they and the rows are there."""
+        """A placed batch's copies: ``rows`` into ``victims`` after the dirty ``wb_slots`` were
+        written back (to ``wb_rows``, which the slot table no longer maps); the batch's ``lookup``
+        indices on the device.  ``sources``: each row's ``row_slot`` before it was placed, -1 (in
+        the host store) or a pending code (in a write-back not applied yet).  Returns the device
+        indices and the event after which they and the rows are there."""
         st = self.streams
         k, w = len(rows), len(wb_slots)
-        staging, parts = self._staging(k, w, lookup)
+        pending = np.flatnonzero(sources < -1)
+        staging, parts = self._staging(k, w, len(pending), lookup)
         with st.on_host():
             parts["victims"].numpy()[:] = victims
             parts["wb_slots"].numpy()[:] = wb_slots
             parts["lookup"].numpy()[:] = lookup
-            self.store.gather(rows, parts["records"])
+            records = parts["records"].numpy()
+            if len(pending):
+                stored = np.flatnonzero(sources >= -1)
+                part = np.empty((len(stored), records.shape[1]), dtype=records.dtype)
+                self.store.gather(rows[stored], part)
+                records[stored] = part
+                sourced = self._pending_sources(sources[pending], pending, parts)
+            else:
+                self.store.gather(rows, records)
         with st.use(st.copy):
             dev = self._to_device(staging)
-            d = _views(dev, k, w, lookup, self.store.record_cols)
+            d = _views(dev, k, w, len(pending), lookup, self.store.record_cols)
+            if len(pending):
+                for wb, a, b in sourced:  # rows re-missed before their write-back landed
+                    rec = wb.device.index_select(0, d["pending_src"][a:b])
+                    d["records"].index_copy_(0, d["pending_dst"][a:b], rec)
             st.wait_event(st.copy, self._retire_event)
             if w:
-                self._write_back(d["wb_slots"], wb_rows)
+                self._write_back(d["wb_slots"], wb_rows, evicted=True)
             if k:
                 self._scatter(d["victims"], d["records"])
             ready = st.record_event(st.copy)
         return d["lookup"], ready
 
+    def _pending_sources(
+        self, codes: np.ndarray, at: np.ndarray, parts: dict[str, torch.Tensor]
+    ) -> list[tuple[_WriteBack, int, int]]:
+        """Fill the staging buffer's pending part for loads at positions ``at`` whose rows are
+        in pending write-backs (``codes``): per write-back, which of its records go where."""
+        pos = pending_position(codes)
+        src, dst = parts["pending_src"].numpy(), parts["pending_dst"].numpy()
+        out, n = [], 0
+        for wb in self._pending:
+            if not (wb.codes < -1).any():
+                continue
+            start = int(pending_position(wb.codes[:1])[0])
+            j = (pos - start) % (1 << 30)
+            mine = j < len(wb.rows)
+            m = int(mine.sum())
+            if m:
+                src[n : n + m], dst[n : n + m] = j[mine], at[mine]
+                out.append((wb, n, n + m))
+                n += m
+        assert n == len(codes), "a pending row without its write-back"
+        return out
+
     def upload(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Fill ``slots`` with ``rows`` from the host store (a whole region: start-up, import),
         in chunks, ordered after the last retirement; the device is synchronized on return."""
         for a in range(0, len(slots), CHUNK_ROWS):
-            self.place(slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS], _NONE, _NONE, _NONE)
+            s, r = slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS]
+            self.place(s, r, np.full(len(r), -1), _NONE, _NONE, _NONE)
         self.sync()
 
     def write_back_now(self, slots: np.ndarray, rows: np.ndarray) -> None:
@@ -149,30 +192,32 @@ class Transfers:
         st = self.streams
         for a in range(0, len(slots), CHUNK_ROWS):
             s, r = slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS]
-            staging, parts = self._staging(0, len(s), _NONE)
+            staging, parts = self._staging(0, len(s), 0, _NONE)
             with st.on_host():
                 parts["wb_slots"].numpy()[:] = s
             with st.use(st.copy):
                 dev = self._to_device(staging)
                 st.wait_event(st.copy, self._retire_event)
-                self._write_back(_views(dev, 0, len(s), _NONE, 0)["wb_slots"], r)
+                self._write_back(_views(dev, 0, len(s), 0, _NONE, 0)["wb_slots"], r, evicted=False)
         self.apply_write_backs(keep=0)
 
     def apply_write_backs(self, keep: int = 1) -> None:
         """Scatter written-back rows into the host store, all but the ``keep`` latest placements'
-        (the host waits for their copies: issued at least one placement ago, normally done)."""
+        (the host waits for their copies: issued at least ``keep`` placements ago, normally
+        done)."""
         while len(self._pending) > keep:
             wb = self._pending.popleft()
             self.streams.host_wait(wb.event)
             with self.streams.on_host():
                 self.store.scatter(wb.rows, wb.records.numpy())
-            self.slots.written_back(wb.rows)
+            self.slots.written_back(wb.rows, wb.codes)
 
     def drop_write_backs(self) -> None:
         """Forget pending write-backs (the host store is replaced: import)."""
         self.sync()
         while self._pending:
-            self.slots.written_back(self._pending.popleft().rows)
+            wb = self._pending.popleft()
+            self.slots.written_back(wb.rows, wb.codes)
 
     def sync(self) -> None:
         """Everything issued so far has finished (flush, import, overflow: not on the step path)."""
@@ -184,7 +229,7 @@ class Transfers:
         st = self.streams
         with st.on_host():
             staging = st.pinned((len(rows), self.store.record_cols), torch.float32)
-            self.store.gather(rows, staging)
+            self.store.gather(rows, staging.numpy())
         return self._to_device(staging)
 
     def slot_records(self, slots: np.ndarray) -> torch.Tensor:
@@ -220,13 +265,13 @@ class Transfers:
 
     # -- internals ---------------------------------------------------------------------------
     def _staging(
-        self, k: int, w: int, lookup: np.ndarray
+        self, k: int, w: int, m: int, lookup: np.ndarray
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One pinned buffer for a placement's host-to-device copy, and its parts."""
-        nbytes = _layout(k, w, lookup, self.store.record_cols)[-1]
+        nbytes = _layout(k, w, m, lookup, self.store.record_cols)[-1]
         with self.streams.on_host():
             staging = self.streams.pinned((nbytes,), torch.uint8)
-        return staging, _views(staging, k, w, lookup, self.store.record_cols)
+        return staging, _views(staging, k, w, m, lookup, self.store.record_cols)
 
     def _to_device(self, staging: torch.Tensor) -> torch.Tensor:
         dev = torch.empty(staging.shape, dtype=staging.dtype, device=self.device)
@@ -240,9 +285,10 @@ class Transfers:
             state = records[:, self.dim :].reshape(-1, *self.cache_m.shape[1:])
             self.cache_m.index_copy_(0, slots, state)
 
-    def _write_back(self, slots: torch.Tensor, rows: np.ndarray) -> None:
+    def _write_back(self, slots: torch.Tensor, rows: np.ndarray, evicted: bool) -> None:
         """Gather ``slots`` (device ids) into one device record buffer, copy it into a pinned one;
-        the host scatters it into ``rows`` later (``apply_write_backs``).  On the copy stream."""
+        the host scatters it into ``rows`` later (``apply_write_backs``).  On the copy stream.
+        ``evicted``: the rows left the cache, and are marked pending in the row map until then."""
         st = self.streams
         n, cols = slots.numel(), self.store.record_cols
         records = torch.empty((n, cols), dtype=torch.float32, device=self.device)
@@ -253,25 +299,31 @@ class Transfers:
         with st.on_host():
             host = st.pinned((n, cols), torch.float32)
         host.copy_(records, non_blocking=True)
-        self._pending.append(_WriteBack(rows, host, st.record_event(st.copy)))
+        codes = np.full(n, -1, dtype=np.int32)
+        if evicted:
+            codes = pending_code(self._pending_next + np.arange(n))
+            self._pending_next = (self._pending_next + n) % (1 << 30)
+            self.slots.row_slot[rows] = codes
+        self._pending.append(_WriteBack(rows, codes, records, host, st.record_event(st.copy)))
 
 
 _NONE = np.zeros(0, dtype=np.int64)
 
 
-def _layout(k: int, w: int, lookup: np.ndarray, cols: int) -> list[int]:
-    """Byte offsets of a staging buffer's parts: victims (int64), write-back slots (int64),
-    lookup indices (their dtype), records (float32 [k, cols]); the last entry is the size."""
-    offsets = [0, 8 * k, 8 * (k + w), 8 * (k + w) + lookup.nbytes]
-    return [*offsets, offsets[-1] + 4 * k * cols]
+_PARTS = ("victims", "wb_slots", "pending_src", "pending_dst", "lookup", "records")
 
 
-def _views(buf: torch.Tensor, k: int, w: int, lookup: np.ndarray, cols: int) -> dict:
-    o = _layout(k, w, lookup, cols)
-    ltype = torch.from_numpy(lookup[:0]).dtype
-    return {
-        "victims": buf[o[0] : o[1]].view(torch.int64),
-        "wb_slots": buf[o[1] : o[2]].view(torch.int64),
-        "lookup": buf[o[2] : o[3]].view(ltype),
-        "records": buf[o[3] : o[4]].view(torch.float32).view(k, cols),
-    }
+def _layout(k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> list[int]:
+    """Byte offsets of a staging buffer's ``_PARTS``: the victims' slots, the write-back slots,
+    the pending write-backs' records to load and where (int64: 8-byte aligned first), the lookup
+    indices (their dtype), the records (float32 [k, cols]); the last entry is the size."""
+    sizes = [8 * k, 8 * w, 8 * m, 8 * m, lookup.nbytes, 4 * k * cols]
+    return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+
+
+def _views(buf: torch.Tensor, k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> dict:
+    o = _layout(k, w, m, lookup, cols)
+    dtypes = [torch.int64] * 4 + [torch.from_numpy(lookup[:0]).dtype, torch.float32]
+    out = {name: buf[o[i] : o[i + 1]].view(dt) for i, (name, dt) in enumerate(zip(_PARTS, dtypes))}
+    out["records"] = out["records"].view(k, cols)
+    return out
