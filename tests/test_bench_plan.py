@@ -67,7 +67,7 @@ def test_bench_train_and_planning_kinds():
     )
     assert all(r["ms_per_iter"] > 0 for r in res)
     res = bench(_cfg(kind="planning", cardinality_scale=0.0002, cache_ratios=[0.05]))
-    assert res[0]["analyze_ms"] > 0 and res[0]["prefetch_ms"] > 0 and 0 < res[0]["hit_rate"] <= 1
+    assert res[0]["analyze_ms"] > 0 and res[0]["host_ms"] > 0 and 0 < res[0]["hit_rate"] <= 1
 
 
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):

@@ -117,7 +117,6 @@ def test_out_of_range_value_names_its_key(command: str, override: str, message: 
         ("train", "optim.dense.name=bogus"),
         ("train", "optim.sparse.name=adam"),
         ("train", "embedding=freq_cache embedding.policy=mru"),
-        ("train", "embedding=freq_cache embedding.row_map=hash"),
         ("train", "embedding=uvm_cache embedding.algorithm=fifo"),
         ("preprocess", "split=week"),
         ("preprocess", "bad_lines=ignore"),

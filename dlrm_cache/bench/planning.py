@@ -94,7 +94,12 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
             if i == cfg.warmup:
                 emb.reset_stats()
             if cfg.warmup <= i < timed_end:
-                t_an, t_host, t_cpu, t_copy = t_an + t1 - t, t_host + t2 - t1, t_cpu + c2 - c1, t_copy + t3 - t2
+                t_an, t_host, t_cpu, t_copy = (
+                    t_an + t1 - t,
+                    t_host + t2 - t1,
+                    t_cpu + c2 - c1,
+                    t_copy + t3 - t2,
+                )
         if len(window) > cfg.lookahead or i >= total:
             with counter if counted else contextlib.nullcontext():
                 emb.forward(window.popleft().to(device))

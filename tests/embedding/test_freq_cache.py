@@ -151,7 +151,7 @@ def test_training_matches_host(opt_name, policy, lookahead):
     assert 0 < s["hit_rate"] < 1
     assert s["cache_rows"] == sum(max(1, int(np.ceil(0.05 * t.num_rows))) for t in tables)
     assert_tables_equal(cache.export_tables(), host.export_tables())
-    assert not cache._queue and cache.slots.pin.sum() == 0  # every pin released
+    assert not cache._window.queue and cache.slots.pin.sum() == 0  # every pin released
 
 
 def test_cancel_prefetch_releases_the_window():
@@ -272,7 +272,7 @@ def test_prefetch_host_batch_forward_device_copy_is_matched():
     torch.testing.assert_close(cache(copy).values(), host(copy).values(), **TOL)
     assert loaded > 0 and cache.stats()["rows_loaded"] == 0  # served from the prefetch
     cache.settle()
-    assert not cache._queue
+    assert not cache._window.queue
 
 
 # ------------------------------------------------------------------------------------- 2. overflow

@@ -79,7 +79,6 @@ from ..base import (
 )
 from ..tbe import make_tbe, momentum_view, weights_view
 from .batch import Analysis, WindowBatch
-from .counters import Counters
 from .layout import cache_layout
 from .overflow import OverflowPath
 from .placement import Placer
@@ -90,6 +89,7 @@ from .slots import SlotTable
 from .store import HostStore
 from .threads import HostThreads
 from .transfer import Transfers
+from .window import Window
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,9 @@ class FreqCacheBackend(EmbeddingBackend):
         self.slots = SlotTable(num_slots, num_static, self.store.num_rows)
         self.policy = EvictionPolicy(policy, self.slots, self.store.counts, self.store.observed)
         self._lr = optim.lr
-        tbe = make_tbe([num_slots], self.dim, optim, self.device, feature_table_map=[0] * len(tables))
+        tbe = make_tbe(
+            [num_slots], self.dim, optim, self.device, feature_table_map=[0] * len(tables)
+        )
         object.__setattr__(self, "tbe", tbe)
         self.transfers = Transfers(
             self.store,
@@ -174,7 +176,13 @@ class FreqCacheBackend(EmbeddingBackend):
         )
         self.streams = self.transfers.streams
         self.placer = Placer(
-            self.feature_names, rows, self.layout, self.slots, self.policy, self.store, self.transfers
+            self.feature_names,
+            rows,
+            self.layout,
+            self.slots,
+            self.policy,
+            self.store,
+            self.transfers,
         )
         self._overflow = OverflowPath(self.placer, optim, self.dim, self.device)
         # Static region: table t's rows [0, static_rows[t]) at slots static_offsets[t] + rank.
@@ -185,9 +193,8 @@ class FreqCacheBackend(EmbeddingBackend):
         self.slots.assign(st_slots, st_rows)
         self.transfers.upload(st_slots, st_rows)
 
-        self._fifo: deque[WindowBatch] = deque()  # training thread: prefetched, not yet forwarded
-        self._queue: deque[WindowBatch] = deque()  # planner: prefetched, not yet forwarded (FIFO)
-        self._inflight: list[WindowBatch] = []  # planner: forwarded, backward not known done
+        self._fifo: deque[WindowBatch] = deque()  # training thread: prefetched, not forwarded
+        self._window = Window(self.placer, self._overflow, self.slot_bytes)
         self._unretired = True  # a batch was forwarded since the last retirement (as if)
         self._planner = Planner(self.streams, self.device)
         weakref.finalize(self, self._planner.close)
@@ -262,7 +269,7 @@ class FreqCacheBackend(EmbeddingBackend):
         self._retire()
         b = WindowBatch(features, torch.is_grad_enabled())
         ordered = None if isinstance(analysis, Analysis) else self._ordered(features)
-        self._planner.post(self._p_prefetch, b, analysis, False, ordered)
+        self._planner.post(self._window.prefetch, b, analysis, False, ordered)
         self._fifo.append(b)
 
     def step_done(self) -> None:
@@ -276,24 +283,24 @@ class FreqCacheBackend(EmbeddingBackend):
         t0 = time.perf_counter()  # an inline planner places the batch within the posts below
         if b is None:  # ad hoc: placed now
             b = WindowBatch(features, train)
-            self._planner.post(self._p_prefetch, b, None, True, self._ordered(features))
-        self._planner.post(self._p_demand, b, train)
+            self._planner.post(self._window.prefetch, b, None, True, self._ordered(features))
+        self._planner.post(self._window.demand, b, train)
         b.wait(self.streams)
         stall = time.perf_counter() - t0
         self._unretired = True  # from here on, the batch is in flight (or failed)
         if b.error is not None:
             raise b.error
         if b.needs_overflow:
-            self._planner.call(self._p_add_stall, stall)  # the planner is idle from here on
+            self._planner.call(self._window.add_stall, stall)  # the planner is idle from here on
             out = self._overflow.forward(b, features, self._lr)
-            self._planner.call(self._inflight.append, b)
+            self._planner.call(self._window.inflight.append, b)
             return pooled(features, out, self.dim)
         assert b.indices is not None  # placed: prepare set them, _p_forwarded clears them later
         indices = b.indices
         self.transfers.wait_ready(b.event, indices)
         offsets = features.offsets().to(self.device, dtype=indices.dtype, non_blocking=True)
         out = self.tbe(indices, offsets)
-        self._planner.post(self._p_forwarded, b, stall)
+        self._planner.post(self._window.forwarded, b, stall)
         return pooled(features, out, self.dim)
 
     def _ordered(self, features: KeyedJaggedTensor) -> Any:
@@ -314,7 +321,7 @@ class FreqCacheBackend(EmbeddingBackend):
         if not self._unretired and not self.streams.asynchronous:
             return
         self.transfers.track_compute()
-        self._planner.post(self._p_retire, self.transfers.compute_event())
+        self._planner.post(self._window.retire, self.transfers.compute_event())
         self._unretired = False
 
     def set_learning_rate(self, lr: float) -> None:
@@ -323,7 +330,7 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def flush(self) -> None:
         self._retire()
-        self._planner.call(self._p_flush)
+        self._planner.call(self._window.flush)
 
     def export_tables(self) -> dict[str, torch.Tensor]:
         self.flush()
@@ -331,16 +338,17 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def import_tables(self, state: dict[str, torch.Tensor]) -> None:
         self._retire()
-        self._planner.call(self._p_import, state)
+        self._planner.call(self._window.import_tables, state)
 
     def stats(self) -> dict[str, float]:
         """Counters since the last ``reset_stats`` (host numbers; nothing changes)."""
-        out = self._planner.call(self._p_stats)
+        out = self._planner.call(self._window.stats)
+        out.update(self.layout_stats())
         out["transfer_wait_s"] = self.transfers.transfer_wait_s()  # the training thread's waits
         return out
 
     def reset_stats(self) -> None:
-        self._planner.call(self._p_reset_stats)
+        self._planner.call(self._window.reset_stats)
         self.transfers.reset_transfer_wait()
 
     def settle(self) -> None:
@@ -352,7 +360,7 @@ class FreqCacheBackend(EmbeddingBackend):
         gone = [b for b in self._fifo if grad is None or b.train == grad]
         for b in gone:
             self._fifo.remove(b)
-        self._planner.call(self._p_cancel, gone)
+        self._planner.call(self._window.cancel, gone)
 
     def layout_stats(self) -> dict[str, float]:
         """The cache's regions: rows and device bytes (see ``cache_layout``)."""
@@ -366,137 +374,3 @@ class FreqCacheBackend(EmbeddingBackend):
             "window_bytes": float(window * self.slot_bytes),
             "window_needed_rows": float(self.layout.window_needed),
         }
-
-    # The planner's side (tasks run on the planner thread, in order) -------------------------
-    def _p_prefetch(self, b: WindowBatch, analysis: object, adhoc: bool, ordered: Any) -> None:
-        try:
-            if not isinstance(analysis, Analysis):
-                analysis = self.placer.analyze(b.kjt, self._host_values(b.kjt, ordered))
-            b.analysis = analysis
-            if analysis.bad:  # refused: the cache stays as it was, usable for other batches
-                raise self.placer.bad_id_error(analysis)
-        except BaseException as e:
-            b.error = e
-            b.signal(self.streams)
-            return
-        if not adhoc:
-            self._queue.append(b)
-            self._try_prepare()
-
-    def _host_values(self, kjt: KeyedJaggedTensor, ordered: Any) -> np.ndarray:
-        """A batch's ids on the host: its own memory, or (a device batch: ad hoc, or prefetched
-        without the loader's analysis) read back on the input stream after ``ordered``."""
-        values = kjt.values()
-        if values.device.type == "cpu":
-            return values.numpy()
-        st = self.streams
-        st.wait_event(st.input, ordered)
-        with st.use(st.input):
-            return values.cpu().numpy()
-
-    def _p_demand(self, b: WindowBatch, train: bool) -> None:
-        """``b`` is forwarded next: placed now, whatever it takes."""
-        if b.error is not None:
-            return
-        if b in self._queue:
-            self._queue.remove(b)
-        if train and not b.train:  # prefetched under no_grad, trained on after all
-            b.train = True
-            if b.prepared:
-                self.placer.mark_dirty(b)
-        if not b.prepared:
-            try:
-                if not self.placer.prepare(b):
-                    # Give the window's space back (those batches are placed again later), retry.
-                    for q in self._queue:
-                        self._unprepare(q)
-                    b.needs_overflow = not self.placer.prepare(b)
-            except BaseException as e:
-                b.error = e
-        b.signal(self.streams)
-
-    def _p_forwarded(self, b: WindowBatch, stall: float) -> None:
-        self.placer.counters.add("stall_s", stall)
-        self.placer.count_forwarded(b)  # only forwarded batches count (not cancelled ones)
-        b.indices, b.event = None, None
-        self._inflight.append(b)
-        self._try_prepare()  # batches deferred for lack of space
-
-    def _p_add_stall(self, stall: float) -> None:
-        self.placer.counters.add("stall_s", stall)
-
-    def _p_retire(self, event: Any) -> None:
-        self.transfers.retired(event)
-        for b in self._inflight:
-            if b.overflow is not None:
-                self._overflow.retire(b)
-            else:
-                self.placer.release(b)
-        self._inflight.clear()
-        self._try_prepare()
-
-    def _p_cancel(self, gone: list[WindowBatch]) -> None:
-        for b in gone:
-            if b in self._queue:
-                self._queue.remove(b)
-            self._unprepare(b)
-        self._try_prepare()  # batches deferred behind the cancelled ones
-
-    def _p_flush(self) -> None:
-        tr, s = self.transfers, self.slots
-        tr.sync()
-        tr.apply_write_backs(keep=0)
-        dirty = s.dirty_slots()
-        if len(dirty):
-            tr.write_back_now(dirty, s.slot_row[dirty])
-            self.placer.counters.add("rows_written_back", len(dirty))
-        s.clean()
-        self._remark_queued()
-
-    def _remark_queued(self) -> None:
-        """Prefetched training batches were marked dirty when prepared; their steps are to come."""
-        for b in self._queue:
-            if b.prepared and b.train:
-                self.placer.mark_dirty(b)
-
-    def _p_import(self, state: dict[str, torch.Tensor]) -> None:
-        self.transfers.drop_write_backs()
-        with self.streams.on_host():
-            self.store.load(state)
-        self.transfers.upload(*self.slots.resident())
-        self.slots.clean()
-        self._remark_queued()
-
-    def _p_stats(self) -> dict[str, float]:
-        out = self.placer.counters.report(self.optim.row_bytes(self.dim), self.feature_names)
-        out.update(self.layout_stats())
-        return out
-
-    def _p_reset_stats(self) -> None:
-        self.placer.counters = Counters(len(self.tables))
-
-    def _unprepare(self, b: WindowBatch) -> None:
-        if b.prepared:
-            b.ready.clear()
-            self.placer.release(b)
-            b.indices, b.event = None, None
-
-    def _try_prepare(self) -> None:
-        """Prepare queued batches in order while they fit (FIFO: a deferred one blocks later ones)."""
-        if any(b.overflow is not None for b in self._inflight):
-            return  # its rows are outside the cache until it retires
-        for b in list(self._queue):
-            if b.prepared:
-                continue
-            try:
-                placed = self.placer.prepare(b)
-            except BaseException as e:  # raised by this batch's forward; later batches go on
-                b.error = e
-                b.signal(self.streams)
-                continue
-            if not placed:
-                if not b.deferred:
-                    b.deferred = True
-                    self.placer.counters.add("deferred_batches", 1)
-                return
-            b.signal(self.streams)

@@ -84,15 +84,17 @@ class OverflowPath:
         held = slots >= p.slots.num_static
         p.used(rows[held], slots[held])
         optim = dataclasses.replace(self.optim, lr=lr)
-        tbe = make_tbe([len(rows)], self.dim, optim, self.device, feature_table_map=[0] * len(a.table_accesses))
+        tbe = make_tbe(
+            [len(rows)], self.dim, optim, self.device, feature_table_map=[0] * len(a.table_accesses)
+        )
         records = torch.empty((len(rows), p.store.record_cols), device=self.device)
         if resident.any():
-            records[p.transfers.index(np.flatnonzero(resident))] = (
-                p.transfers.slot_records(slots[resident])
+            records[p.transfers.index(np.flatnonzero(resident))] = p.transfers.slot_records(
+                slots[resident]
             )
         if (~resident).any():
-            records[p.transfers.index(np.flatnonzero(~resident))] = (
-                p.transfers.host_records(rows[~resident])
+            records[p.transfers.index(np.flatnonzero(~resident))] = p.transfers.host_records(
+                rows[~resident]
             )
         _set_records(tbe, optim, self.dim, records)
         p.counters.add("rows_loaded", int((~resident).sum()))

@@ -60,20 +60,30 @@ class Placer:
     def analyze(self, kjt: KeyedJaggedTensor, values: np.ndarray) -> Analysis:
         """``kjt``'s ids (``values``, on the host) as global rows and static slots."""
         if list(kjt.keys()) != self.table_names:
-            raise ValueError(f"freq_cache: batch features {list(kjt.keys())} != tables {self.table_names}")
+            raise ValueError(
+                f"freq_cache: batch features {list(kjt.keys())} != tables {self.table_names}"
+            )
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
         per = uniform_length(lpk)
         if per and values.size == per * len(lpk):  # one length per table: [tables, per] views
             ids = values.reshape(len(lpk), per)
             bad = bool((ids.min(axis=1) < 0).any() or (ids.max(axis=1) >= self.rows).any())
-            rows, static_rows, static_off = self.row_off[:-1, None], self.static_rows[:, None], self.static_off[:, None]
+            rows, static_rows, static_off = (
+                self.row_off[:-1, None],
+                self.static_rows[:, None],
+                self.static_off[:, None],
+            )
             table_rows = self.rows[:, None]
         else:
             table = id_tables(lpk)
             ids = values
             table_rows = self.rows[table]
             bad = bool(((ids < 0) | (ids >= table_rows)).any())
-            rows, static_rows, static_off = self.row_off[table], self.static_rows[table], self.static_off[table]
+            rows, static_rows, static_off = (
+                self.row_off[table],
+                self.static_rows[table],
+                self.static_off[table],
+            )
         if bad:
             ids = np.where((ids < 0) | (ids >= table_rows), 0, ids)
         grow = (ids + rows).reshape(-1)
@@ -112,7 +122,9 @@ class Placer:
             return False
         sources = s.row_slot[loads]
         wb_slots, wb_rows, evicted = s.assign(victims, loads)
-        s.dirty[victims[sources < -1]] = True  # newer than the host store until its write-back lands
+        s.dirty[victims[sources < -1]] = (
+            True  # newer than the host store until its write-back lands
+        )
         self.policy.admitted(victims, loads)
         sd[miss] = victims[inverse]
         s.pin_add(sd[miss], 1)

@@ -30,12 +30,13 @@ class HostThreads:
     def split(self, n: int, part: Callable[[int, int], object]) -> None:
         """``part(a, b)`` over ``[0, n)`` in up to ``threads`` contiguous pieces, one of them on
         the calling thread; returns when all are done (a piece's exception is raised)."""
-        k = min(self.threads, n // MIN_SPLIT) if self._pool is not None else 1
-        if k <= 1:
+        pool = self._pool
+        k = min(self.threads, n // MIN_SPLIT) if pool is not None else 1
+        if pool is None or k <= 1:
             part(0, n)
             return
         bounds = [n * i // k for i in range(k + 1)]
-        futures = [self._pool.submit(part, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+        futures = [pool.submit(part, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
         part(bounds[0], bounds[1])
         for f in futures:
             f.result()
