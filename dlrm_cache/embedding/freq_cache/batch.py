@@ -28,17 +28,19 @@ class Analysis:
     """What a batch needs that does not depend on the cache's state (``analyze``), on the host.
 
     ``lookup`` holds each id's slot where its row is in the static region (its slot follows from
-    its rank) and -1 where it is not: those ids, at positions ``dynamic``, are looked up in the
-    row map when the batch is placed.  ``lookup`` takes the dtype of the batch's offsets (fbgemm
-    wants indices and offsets of one dtype)."""
+    its rank) and -1 where it is not: those ids, at positions ``dynamic`` (global rows ``rows``),
+    are looked up in the row map when the batch is placed.  ``lookup`` has the ids' dtype (that of
+    the batch's offsets: fbgemm wants indices and offsets of one dtype).  A ``bad`` batch (an id
+    outside its table) is refused at its prefetch, and has nothing else."""
 
     kjt: KeyedJaggedTensor
     values: np.ndarray  # the ids (host)
     table_accesses: np.ndarray  # accesses per table
-    grow: np.ndarray  # global row of every id (int64; out-of-range ids replaced by row 0)
+    rows: np.ndarray  # global row of each id outside the static region (int64)
     lookup: np.ndarray  # slot of every static id, -1 elsewhere
     dynamic: np.ndarray  # positions of the ids outside the static region
-    bad: bool  # an id out of its table's range: the batch is refused at placement
+    bad: bool  # an id out of its table's range
+    distinct: int  # distinct rows of the batch
 
 
 @dataclasses.dataclass(eq=False)

@@ -20,7 +20,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..base import SparseOptim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .batch import WindowBatch
-from .placement import Placer, tables_of
+from .placement import Placer, global_rows, tables_of
 
 
 @dataclasses.dataclass
@@ -67,8 +67,9 @@ class OverflowPath:
         p.counters.add("overflow_batches", 1)
         p.transfers.sync()
         p.transfers.apply_write_backs(keep=0)
-        first, inverse = p.slots.dedup_rows(a.grow)
-        rows = a.grow[first]
+        grow = global_rows(a, p.row_off)
+        first, inverse = p.slots.dedup_rows(grow)
+        rows = grow[first]
         slots = p.slots.row_slot[rows].astype(np.int64)
         resident = slots >= 0
         missed = np.bincount(

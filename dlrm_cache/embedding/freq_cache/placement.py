@@ -55,41 +55,50 @@ class Placer:
         # observed accesses as a torch view (index_add_: numpy's add.at is several times slower)
         self._observed = None if store.observed is None else torch.from_numpy(store.observed)
         self.counters = Counters(len(table_names))
+        self._cols: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
 
     # -- analysis (no cache state: any thread) ---------------------------------------------
     def analyze(self, kjt: KeyedJaggedTensor, values: np.ndarray) -> Analysis:
-        """``kjt``'s ids (``values``, on the host) as global rows and static slots."""
+        """``kjt``'s ids (``values``, on the host): the range check, the static ids' slots, the
+        other ids' global rows, and the batch's number of distinct rows."""
         if list(kjt.keys()) != self.table_names:
             raise ValueError(
                 f"freq_cache: batch features {list(kjt.keys())} != tables {self.table_names}"
             )
         lpk = np.asarray(kjt.length_per_key(), dtype=np.int64)
         per = uniform_length(lpk)
-        if per and values.size == per * len(lpk):  # one length per table: [tables, per] views
+        if per and values.size == per * len(lpk):  # one length per table: [tables, 1] columns
             ids = values.reshape(len(lpk), per)
             bad = bool((ids.min(axis=1) < 0).any() or (ids.max(axis=1) >= self.rows).any())
-            rows, static_rows, static_off = (
-                self.row_off[:-1, None],
-                self.static_rows[:, None],
-                self.static_off[:, None],
-            )
-            table_rows = self.rows[:, None]
+            table: np.ndarray | slice = slice(None)
+            column = self._columns(values.dtype)
         else:
-            table = id_tables(lpk)
-            ids = values
-            table_rows = self.rows[table]
-            bad = bool(((ids < 0) | (ids >= table_rows)).any())
-            rows, static_rows, static_off = (
-                self.row_off[table],
-                self.static_rows[table],
-                self.static_off[table],
+            ids, table = values, id_tables(lpk)
+            bad = bool(((ids < 0) | (ids >= self.rows[table])).any())
+            column = tuple(c[:, 0] for c in self._columns(values.dtype))
+        if bad:  # refused at its prefetch: nothing else is needed
+            return Analysis(kjt, values, lpk, _EMPTY, _EMPTY.astype(values.dtype), _EMPTY, True, 0)
+        static_rows, static_off = (c[table] for c in column)
+        static = ids < static_rows
+        lookup = ids + static_off
+        np.copyto(lookup, -1, where=~static)
+        lookup = lookup.reshape(-1)
+        dynamic = np.flatnonzero(lookup < 0)
+        owner = dynamic // per if per else table[dynamic]  # type: ignore[index]
+        rows = values[dynamic] + self.row_off[owner]
+        static_slots = np.bincount(lookup[lookup >= 0], minlength=1)
+        distinct = int(np.count_nonzero(static_slots)) + len(np.unique(rows))
+        return Analysis(kjt, values, lpk, rows, lookup, dynamic, False, distinct)
+
+    def _columns(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Per table, as ``[tables, 1]`` columns of the ids' dtype: its static rows, and the
+        static slot of its rank 0 (the ids' own arithmetic, no upcast of a batch)."""
+        if dtype not in self._cols:
+            self._cols[dtype] = (
+                self.static_rows[:, None].astype(dtype),
+                self.static_off[:, None].astype(dtype),
             )
-        if bad:
-            ids = np.where((ids < 0) | (ids >= table_rows), 0, ids)
-        grow = (ids + rows).reshape(-1)
-        static = (ids < static_rows).reshape(-1)
-        lookup = np.where(static, (ids + static_off).reshape(-1), -1).astype(values.dtype)
-        return Analysis(kjt, values, lpk, grow, lookup, np.flatnonzero(~static), bad)
+        return self._cols[dtype]
 
     def bad_id_error(self, a: Analysis) -> IndexError:
         """The error naming the first out-of-range id of a batch ``analyze`` found ``bad``."""
@@ -102,25 +111,28 @@ class Placer:
         )
 
     # -- placement (the planner thread) ----------------------------------------------------
-    @torch.no_grad()
     def prepare(self, b: WindowBatch) -> bool:
         """Make ``b``'s rows resident, pin them and issue its copies; False (nothing changed) when
         its missing rows do not fit beside the pinned window."""
         a, s = b.analysis, self.slots
         assert a is not None and not a.bad  # analysed; a refused batch is never placed
         self.transfers.apply_write_backs(keep=2)
-        rows = a.grow[a.dynamic]
+        rows = a.rows
         sd = s.row_slot[rows].astype(np.int64)
         miss = np.flatnonzero(sd < 0)  # not resident (in the host store, or being written back)
         hits = sd[sd >= 0]
         s.pin_add(hits, 1)  # this batch's resident rows are no victims
         first, inverse = s.dedup_rows(rows[miss])
         loads = rows[miss[first]]
+        sources = s.row_slot[loads]  # -1: in the host store; below: being written back
+        if (sources < -1).any():  # those last: the others are gathered in one piece
+            order = np.argsort(sources < -1, kind="stable")
+            loads, sources = loads[order], sources[order]
+            inverse = np.argsort(order)[inverse]
         victims = self.policy.choose(len(loads))
         if victims is None:
             s.pin_add(hits, -1)
             return False
-        sources = s.row_slot[loads]
         wb_slots, wb_rows, evicted = s.assign(victims, loads)
         s.dirty[victims[sources < -1]] = (
             True  # newer than the host store until its write-back lands
@@ -131,7 +143,7 @@ class Placer:
         lookup = a.lookup.copy()
         lookup[a.dynamic] = sd
         if b.first_hits is None:  # what was resident at the first placement: counted at forward
-            b.first_hits = self._hits(a, miss, lookup, len(loads))
+            b.first_hits = self._hits(a, miss, len(loads))
         self.used(rows, sd)
         b.pinned, b.prepared = sd, True
         if b.train:
@@ -161,16 +173,13 @@ class Placer:
         table_hits, distinct, distinct_hits = b.first_hits
         self.counters.forwarded(b.analysis.table_accesses, table_hits, distinct, distinct_hits)
 
-    def _hits(
-        self, a: Analysis, miss: np.ndarray, lookup: np.ndarray, loads: int
-    ) -> tuple[np.ndarray, int, int]:
+    def _hits(self, a: Analysis, miss: np.ndarray, loads: int) -> tuple[np.ndarray, int, int]:
         """Hits per table, distinct rows and distinct rows hit of a batch whose dynamic ids at
-        ``miss`` were not resident (``loads`` distinct rows), placed at ``lookup``."""
+        ``miss`` were not resident (``loads`` distinct rows)."""
         missed = np.bincount(
             tables_of(a.dynamic[miss], a.table_accesses), minlength=len(a.table_accesses)
         )
-        distinct = self.slots.count_distinct_slots(lookup)  # one slot per distinct row
-        return a.table_accesses - missed, distinct, distinct - loads
+        return a.table_accesses - missed, a.distinct, a.distinct - loads
 
     def used(self, rows: np.ndarray, slots: np.ndarray) -> None:
         """The policy's view of a placement: observed accesses per id, rescored slots."""
@@ -180,6 +189,14 @@ class Placer:
         if self.policy.rescores:
             first, _ = self.slots.dedup_rows(rows)
             self.policy.used(slots[first], rows[first])
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def global_rows(a: Analysis, row_off: np.ndarray) -> np.ndarray:
+    """The global row of every id of an analysed batch."""
+    return a.values + row_off[id_tables(a.table_accesses)]
 
 
 def tables_of(pos: np.ndarray, lpk: np.ndarray) -> np.ndarray:

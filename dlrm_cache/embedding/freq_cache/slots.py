@@ -16,10 +16,10 @@ Everything here is host memory, owned by the planner thread (the device never re
   is never a victim);
 * ``dirty``: per slot, touched by a training batch since it was loaded or flushed
   (``static_dirty`` for the whole static region, which is never evicted);
-* two scratch arrays (one per row, one per slot) in which batches are deduplicated in O(ids),
+* a scratch array (one int32 per row) in which a batch's misses are deduplicated in O(ids),
   without a sort.
 
-Host memory: 8 B per table row (map and scratch) beside the row's own record, ~20 B per slot.
+Host memory: 8 B per table row (map and scratch) beside the row's own record, ~13 B per slot.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ class SlotTable:
         self.dirty = np.zeros(num_slots, dtype=bool)
         self.static_dirty = False
         self._row_scratch = np.zeros(num_rows, dtype=np.int32)
-        self._slot_scratch = np.zeros(num_slots, dtype=np.int32)
         self._arange = np.zeros(0, dtype=np.int32)
 
     @property
@@ -73,13 +72,6 @@ class SlotTable:
         (ascending), and each entry's index among them.  O(len(rows)) through the row scratch
         array (only the entries of ``rows`` are written, then read back: it is never cleared)."""
         return _dedup(self._row_scratch, rows, self.positions(rows.size))
-
-    def count_distinct_slots(self, slots: np.ndarray) -> int:
-        """How many distinct slots ``slots`` holds (through the slot scratch array)."""
-        pos = self.positions(slots.size)
-        scratch = self._slot_scratch
-        scratch[slots] = pos
-        return int(np.count_nonzero(scratch[slots] == pos))
 
     def pin_add(self, slots: np.ndarray, delta: int) -> None:
         """Add ``delta`` to the pin count of each of ``slots`` (once per occurrence)."""

@@ -123,25 +123,20 @@ class Transfers:
         """A placed batch's copies: ``rows`` into ``victims`` after the dirty ``wb_slots`` were
         written back (to ``wb_rows``, which the slot table no longer maps); the batch's ``lookup``
         indices on the device.  ``sources``: each row's ``row_slot`` before it was placed, -1 (in
-        the host store) or a pending code (in a write-back not applied yet).  Returns the device
-        indices and the event after which they and the rows are there."""
+        the host store) or, after all of those, a pending code (in a write-back not applied yet).
+        Returns the device indices and the event after which they and the rows are there."""
         st = self.streams
         k, w = len(rows), len(wb_slots)
-        pending = np.flatnonzero(sources < -1)
+        stored = int(np.count_nonzero(sources >= -1))
+        pending = np.arange(stored, k)
         staging, parts = self._staging(k, w, len(pending), lookup)
         with st.on_host():
             parts["victims"].numpy()[:] = victims
             parts["wb_slots"].numpy()[:] = wb_slots
             parts["lookup"].numpy()[:] = lookup
-            records = parts["records"].numpy()
+            self.store.gather(rows[:stored], parts["records"].numpy()[:stored])
             if len(pending):
-                stored = np.flatnonzero(sources >= -1)
-                part = np.empty((len(stored), records.shape[1]), dtype=records.dtype)
-                self.store.gather(rows[stored], part)
-                records[stored] = part
-                sourced = self._pending_sources(sources[pending], pending, parts)
-            else:
-                self.store.gather(rows, records)
+                sourced = self._pending_sources(sources[stored:], pending, parts)
         with st.use(st.copy):
             dev = self._to_device(staging)
             d = _views(dev, k, w, len(pending), lookup, self.store.record_cols)
