@@ -7,7 +7,8 @@ for compute work of the step just issued, the compute stream never waits for a w
 no two streams touch the same rows unordered, every tensor used off its allocating stream is
 ``record_stream``-ed (or outlived by a host synchronization), and no device op touches the cache's
 host store (rows cross only as copies from and to staging buffers).  The cache's streams issue at
-most ``CACHE_OPS_PER_BATCH`` device ops per batch.
+most ``CACHE_OPS_PER_BATCH`` device ops per batch.  A mutation test plants each kind of host read
+and wait in the cache's forward and requires the recorder to report it.
 """
 
 from __future__ import annotations
@@ -184,6 +185,60 @@ def test_the_cache_issues_at_most_30_device_ops_per_batch(monkeypatch, processed
         f"{cache:.1f} device ops per batch on {'+'.join(CACHE_STREAMS)} (at most "
         f"{CACHE_OPS_PER_BATCH}); per stream: {per_batch}"
     )
+
+
+# host reads and waits planted after the cache's forward (the batch's pooled output ``out``, the
+# device's streams ``st``): each is a finding of the recorder ("drains": of that kind)
+PLANTS = {
+    "tolist": lambda out, st: out.values()[:1, :1].tolist(),
+    "cpu": lambda out, st: out.values()[:1].cpu(),
+    "numpy": lambda out, st: out.values()[:1].detach().numpy(),
+    "host_wait": lambda out, st: st.host_wait(st.record_event(st.current_stream())),
+    "event.synchronize": lambda out, st: st.record_event(st.current_stream()).synchronize(),
+    "event.query": lambda out, st: st.record_event(st.current_stream()).query(),
+    "overwait": lambda out, st: st.wait_stream(st.current_stream(), st.copy),
+}
+
+
+@pytest.mark.parametrize("plant", [None, *PLANTS])
+def test_the_recorder_reports_every_planted_read_or_wait(
+    monkeypatch, processed_synth, tmp_path, plant
+):
+    """Issue 26, target 4: the real loop with a host read (or a compute-stream wait for the whole
+    copy stream) planted in every training forward of the cache is reported; unplanted (None),
+    it has no drain and no overwait."""
+    forward = FreqCacheBackend.forward
+
+    def planted(self, features):
+        out = forward(self, features)
+        if plant is not None and torch.is_grad_enabled():
+            PLANTS[plant](out, streams_for("cpu"))
+        return out
+
+    monkeypatch.setattr(FreqCacheBackend, "forward", planted)
+    steps = 3
+    rec, summary = _record_training(
+        monkeypatch,
+        processed_synth,
+        tmp_path / "run",
+        [
+            f"max_steps={steps}",
+            f"log_every={steps}",
+            "embedding.lookahead=1",
+            "embedding.cache_ratio=0.05",
+            "eval_batches=1",
+            "data.eval_batch_size=128",
+        ],
+    )
+    assert summary["steps"] == steps
+    found = findings(rec)
+    if plant is None:
+        assert not found["drains"] and not found["overwaits"], found
+    elif plant == "overwait":
+        assert len(rec.overwaits) == steps and "whole copy stream" in rec.overwaits[0], found
+    else:
+        planted_reads = [r for r in steady(rec) if r.kind == plant and r.thread == "MainThread"]
+        assert len(planted_reads) == steps, found
 
 
 def _recorded_rank(overrides: list[str]) -> dict:
