@@ -370,17 +370,20 @@ class RecordingStreams(Streams):
         assert not self._saved, "the recorder is active already"
         for name in TENSOR_READS:
             original = getattr(torch.Tensor, name)
-            self._saved[name] = original
 
             def read(t, *args, _original=original, _name=name, **kwargs):
                 self._tensor_read(t, _name)
                 return _original(t, *args, **kwargs)
 
+            self._saved[name] = (original, read)
             setattr(torch.Tensor, name, read)
 
     def _unwrap_tensor_reads(self) -> None:
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, original)
+        # only where this recorder's wrapper is still in place (a HostSyncCounter entered on
+        # another thread may have wrapped over it); a wrapper left behind reads nothing once closed
+        for name, (original, read) in self._saved.items():
+            if getattr(torch.Tensor, name) is read:
+                setattr(torch.Tensor, name, original)
         self._saved.clear()
 
     def _tensor_read(self, t: torch.Tensor, kind: str, always: bool = False) -> None:

@@ -50,6 +50,7 @@ def test_tensor_methods_reading_device_memory_are_host_reads_on_any_thread(metho
     import threading
 
     rec, compute, _, copy = _recorder()
+    unwrapped = getattr(torch.Tensor, method)
     with rec.activate():
         rec.handed_to_step()
         x = torch.ones(4) * 2  # device memory, made by the step
@@ -71,7 +72,7 @@ def test_tensor_methods_reading_device_memory_are_host_reads_on_any_thread(metho
         (method, "compute", True),  # what the main thread learnt, the worker does not know
     ]
     assert rec.reads[2].thread != rec.reads[0].thread
-    assert getattr(torch.Tensor, method).__name__ == method  # unwrapped on leaving
+    assert getattr(torch.Tensor, method) is unwrapped  # unwrapped on leaving
 
 
 def test_a_tensor_read_is_a_read_access_of_its_stream():
@@ -281,3 +282,36 @@ def test_a_tensor_freed_while_another_stream_may_use_it_needs_record_stream():
                 rec.record_stream(t, compute)
             del t
     assert len(rec.unrecorded) == 1 and "made on input, used on compute" in rec.unrecorded[0]
+
+
+def test_a_host_sync_counter_leaving_on_another_thread_keeps_the_recorder_wrapped(monkeypatch):
+    """HostSyncCounter (bench/syncs.py) wraps the same Tensor methods.  One entered on another
+    thread (a planner's) before the recorder and left while it records does not unwrap the
+    recorder's methods, and neither counts or records anything after it left."""
+    import threading
+
+    from dlrm_cache.bench.syncs import HostSyncCounter
+
+    for name in ("tolist", "numpy"):  # whatever wrapper is left behind goes at teardown
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    counter, entered, leave = HostSyncCounter(), threading.Event(), threading.Event()
+
+    def planner():
+        with counter:
+            torch.ones(2).tolist()  # counted: the counter's own thread
+            entered.set()
+            leave.wait()
+
+    thread = threading.Thread(target=planner)
+    thread.start()
+    entered.wait()
+    rec, *_ = _recorder()
+    with rec.activate():
+        rec.handed_to_step()
+        x = torch.ones(2) * 2
+        leave.set()
+        thread.join()  # the counter leaves first
+        x.tolist()
+    x.tolist()
+    assert counter.syncs["tolist"] == 1
+    assert [r.kind for r in rec.reads] == ["tolist"]
