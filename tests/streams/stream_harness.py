@@ -10,12 +10,13 @@ calling thread's current fake stream, and models CUDA's ordering rules:
 * a host read waits for a clock and teaches the reading thread that the work in it is done; work
   that thread issues afterwards is ordered after it.  Threads pass that knowledge on where they
   hand work over (``host_knowledge``/``learn``: the cache's planner with its tasks and results).
-  Host reads are: ``Streams.read`` and ``synchronize``; every aten op that makes the host wait for
-  a value or a size (``item``, ``nonzero``, ...); ``Tensor.tolist``/``numpy``/``cpu`` of *device
-  memory* (wrapped, on every thread, while the recorder is active); a blocking copy between a
-  staging buffer and device memory (these four wait for the calling thread's current stream, on
-  which the copy to the host is issued); and an event's ``synchronize``/``query`` or
-  ``Streams.host_wait`` (they wait for the event's clock).
+  Host reads are: ``Streams.synchronize`` (every stream); ``Streams.read``, every aten op that
+  makes the host wait for a value or a size (``item``, ``nonzero``, ...; inside ``on_host`` where
+  it reads device memory), ``Tensor.tolist``/``numpy``/``cpu`` of *device memory* (wrapped, on
+  every thread, while the recorder is active) and a blocking copy between a staging buffer and
+  device memory (these wait for the calling thread's current stream, on which the copy to the
+  host is issued); an event's ``synchronize``/``query`` and ``Streams.host_wait`` (the event's
+  clock).
 
 Memory is classified per storage:
 
@@ -29,7 +30,7 @@ Memory is classified per storage:
 Storage the recorder never saw made (the loader threads' batches, ``torch.from_numpy``) is none
 of these: it is not device memory.
 
-Six checks, each a list of findings (empty = the contract holds):
+Five checks, each a list of findings (empty = the contract holds):
 
 ``drains()`` (from ``reads``): host reads after start-up that wait for compute-stream work issued
     after the last batch was handed to the step (``Streams.handed_to_step``) and not already known
