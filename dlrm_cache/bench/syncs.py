@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -69,8 +70,9 @@ class HostSyncCounter(TorchDispatchMode):
         super().__init__()
         self.syncs: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
-        self._saved: dict[str, object] = {}
+        self._saved: dict[str, tuple[Any, Any]] = {}
         self._thread = 0
+        self._entry: object | None = None
 
     @property
     def total_syncs(self) -> int:
@@ -90,20 +92,26 @@ class HostSyncCounter(TorchDispatchMode):
 
     def __enter__(self):
         self._thread = threading.get_ident()
+        entry = self._entry = object()  # this entry's wrappers count only while it lasts
         for name in ("tolist", "numpy"):
             original = getattr(torch.Tensor, name)
-            self._saved[name] = original
 
             def counted(t, *a, _original=original, _name=name, **kw):
-                if threading.get_ident() == self._thread:
+                if self._entry is entry and threading.get_ident() == self._thread:
                     self.syncs[_name] += 1
                 return _original(t, *a, **kw)
 
+            self._saved[name] = (original, counted)
             setattr(torch.Tensor, name, counted)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, original)
+        # Counters entered on different threads (a planner thread's, the training thread's) may
+        # leave out of order: each puts the method back only where its own wrapper is still in
+        # place, so it never removes one wrapped over it; a wrapper left behind counts nothing.
+        for name, (original, counted) in self._saved.items():
+            if getattr(torch.Tensor, name) is counted:
+                setattr(torch.Tensor, name, original)
         self._saved.clear()
+        self._entry = None
         return super().__exit__(*exc)

@@ -27,11 +27,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..data.loader import Batch
 from ..embedding.base import EmbeddingBackend
 from ..streams import streams_for
 from ..threads import Prefetcher
+
+
+def _kjt_tensors(kjt: KeyedJaggedTensor) -> list[torch.Tensor]:
+    """The tensors ``kjt`` holds: its values, and its lengths, offsets and weights where it has
+    them (the ``_or_none`` accessors compute nothing)."""
+    held = (kjt.values(), kjt.lengths_or_none(), kjt.offsets_or_none(), kjt.weights_or_none())
+    return [t for t in held if t is not None]
 
 
 class Pipeline:
@@ -88,16 +96,15 @@ class Pipeline:
             self._step_done()
 
     def _hand_over(self, batch: Batch, ready: Any) -> Batch:
-        """The step's stream waits for the batch's copy; the batch's memory outlives its use there."""
+        """The step's stream waits for the batch's copy; the batch's memory outlives its use there:
+        every tensor copied on the input stream is ``record_stream``-ed for the step's stream (the
+        KJT's lengths and offsets too: with sharded tables they are copied for every batch)."""
         st = self.streams
         if ready is not None:
             step = st.current_stream()
             st.wait_event(step, ready)
-            sparse = batch.sparse  # every tensor of the KJT: a sharded batch copies its offsets too
-            kjt = [sparse.values(), sparse.lengths_or_none(), sparse.offsets_or_none()]
-            for t in (batch.dense, batch.labels, *kjt, sparse.weights_or_none()):
-                if t is not None:
-                    st.record_stream(t, step)
+            for t in (batch.dense, batch.labels, *_kjt_tensors(batch.sparse)):
+                st.record_stream(t, step)
         st.handed_to_step()
         return batch
 

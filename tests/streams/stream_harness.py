@@ -7,19 +7,41 @@ calling thread's current fake stream, and models CUDA's ordering rules:
 
 * ops on one stream run in issue order; ``wait_stream``/``wait_event`` add happens-before edges
   (vector clocks merged), ``record_event`` snapshots a stream's clock;
-* a host read (``Streams.read``, ``synchronize``, and every aten op that makes the host wait for a
-  value or a size: ``item``, ``nonzero``, ...) waits for the reading stream's clock and teaches the
-  reading thread that this work is done; work that thread issues afterwards is ordered after it.
-  Threads pass that knowledge on where they hand work over (``host_knowledge``/``learn``: the
-  cache's planner with its tasks and results).
+* a host read waits for a clock and teaches the reading thread that the work in it is done; work
+  that thread issues afterwards is ordered after it.  Threads pass that knowledge on where they
+  hand work over (``host_knowledge``/``learn``: the cache's planner with its tasks and results).
+  Host reads are: ``Streams.synchronize`` (every stream); ``Streams.read``, every aten op that
+  makes the host wait for a value or a size (``item``, ``nonzero``, ...; inside ``on_host`` where
+  it reads device memory), ``Tensor.tolist``/``numpy``/``cpu`` of *device memory* (wrapped, on
+  every thread, while the recorder is active) and a blocking copy between a staging buffer and
+  device memory (these wait for the calling thread's current stream, on which the copy to the
+  host is issued); an event's ``synchronize``/``query`` and ``Streams.host_wait`` (the event's
+  clock).
 
-Three checks, each a list of findings (empty = the contract holds):
+Memory is classified per storage:
 
-``drains``: host reads that wait for compute-stream work issued after the last batch was handed
-    to the step (``Streams.handed_to_step``) and not already known to be done by the reading
-    thread: the step is drained.  Reads inside :meth:`allowed` blocks (evaluation metrics, a
-    checkpoint) and fbgemm's reads of its own host-side counters (``iter_cpu``: a host tensor on
-    a GPU too) are not counted.
+* *device memory*: made by an op recorded on a stream (not inside ``on_host``); made after
+  start-up (the first batch handed to the step), or *start-up* state (the model, the cache's
+  tables);
+* *host memory*: made by an op inside ``Streams.on_host`` (host work on host tensors);
+* *staging buffers*: returned by ``Streams.pinned``;
+* *host-resident* memory: declared with ``Streams.host_resident`` (the cache's host store).
+
+Storage the recorder never saw made (the loader threads' batches, ``torch.from_numpy``) is none
+of these: it is not device memory.
+
+Five checks, each a list of findings (empty = the contract holds):
+
+``drains()`` (from ``reads``): host reads after start-up that wait for compute-stream work issued
+    after the last batch was handed to the step (``Streams.handed_to_step``) and not already known
+    to be done by the reading thread: the step is drained.  Reads inside :meth:`allowed` blocks
+    (evaluation metrics, a checkpoint) are not recorded.  Reads made from fbgemm's own frames (its
+    host-side counters, ``iter_cpu``: host tensors on a GPU too) are neither recorded nor taken as
+    knowledge that anything finished.
+``overwaits``: after start-up and outside :meth:`allowed` blocks, the compute stream waits for
+    the whole of another stream (``wait_stream(compute, X)``): it then waits for work issued on X
+    for batches not yet handed to the step.  (A ``wait_event`` on an event of X is not checked:
+    which batch X's work is for is not known to the recorder.)
 ``races``: two accesses to the same memory from different streams, at least one a write, with no
     happens-before edge between them.  Memory is tracked per storage; the rows of the buffers
     registered with :meth:`track_rows` (the cache's slot buffers, written by the copy stream and by
@@ -31,9 +53,14 @@ Three checks, each a list of findings (empty = the contract holds):
     without ``record_stream`` for that stream and without the host knowing the use finished
     (the caching allocator could have handed its memory out while the use was pending).
     Approximation: lifetimes are those of the op's output tensor object, not of later views.
+``host_memory``: an op on a stream that touches host-resident memory; an op on a stream that
+    touches a staging buffer and is not a copy (``copy_``/``_to_copy``) between it and device
+    memory; an op inside ``on_host`` that touches device memory made after start-up.  (View ops
+    touch no memory.)
 
-Every storage seen is kept alive until :meth:`close`, so addresses are never reused under the
-records.  Clocks are dicts ``{stream index: ops issued}``.
+Per-stream op counts: :meth:`ops_by_stream`.  Every storage seen made on a stream, every staging
+buffer and every host-resident tensor is kept alive until :meth:`close`, so addresses are never
+reused under the records.  Clocks are dicts ``{stream index: ops issued}``.
 """
 
 from __future__ import annotations
@@ -49,12 +76,21 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from dlrm_cache.bench.syncs import _sync_kind
 from dlrm_cache.streams import Streams
 
 aten = torch.ops.aten
 Clock = dict  # stream index -> ops issued on it
+
+# memory kinds (see the module docstring)
+DEVICE, STARTUP, HOST, STAGING, RESIDENT = "device", "start-up", "host", "staging", "host-resident"
+# Tensor methods that read device memory on the host without an aten op on the CPU (``item`` and
+# friends are aten ops); the unwrapped ones, for the recorder's own use
+TENSOR_READS = ("tolist", "numpy", "cpu")
+_ORIGINAL = {name: getattr(torch.Tensor, name) for name in TENSOR_READS}
+_COPIES = (aten.copy_.default, aten._to_copy.default)
 
 
 def _merge(into: Clock, other: Clock) -> None:
@@ -74,7 +110,21 @@ class FakeStream:
 
 @dataclass
 class FakeEvent:
+    """A stream's clock when the event was recorded.  ``synchronize`` and ``query`` are host reads
+    that wait for it (``query`` answers True: the host then knows the work finished)."""
+
     clock: Clock
+    stream: str = ""
+    rec: RecordingStreams | None = field(default=None, repr=False, compare=False)
+
+    def synchronize(self) -> None:
+        if self.rec is not None:
+            self.rec._host_wait(self.clock, self.stream, "event.synchronize")
+
+    def query(self) -> bool:
+        if self.rec is not None:
+            self.rec._host_wait(self.clock, self.stream, "event.query")
+        return True
 
 
 @dataclass
@@ -115,7 +165,6 @@ _INDEX_DIM0 = {
 
 class RecordingStreams(Streams):
     asynchronous = True
-    STREAMS = ("compute", "input", "plan", "copy")
 
     def __init__(self, device: torch.device) -> None:
         self._mode = _Mode(self)
@@ -130,13 +179,18 @@ class RecordingStreams(Streams):
         self.reads: list[Read] = []
         self.races: list[str] = []
         self.unrecorded: list[str] = []
+        self.overwaits: list[str] = []
+        self.host_memory: list[str] = []
         self._accesses: dict[int, list[_Access]] = defaultdict(list)
         self._allocs: dict[int, _Alloc] = {}
         self._rows: dict[int, tuple[int, int]] = {}  # storage -> (offset, row elements)
+        self._memory: dict[int, tuple[str, str]] = {}  # storage -> (memory kind, what made it)
         self._keep: list = []
+        self._saved: dict[str, Any] = {}  # Tensor methods replaced while active
         self.ops = 0
+        self._launches: dict[int, int] = defaultdict(int)  # per stream: ops that touch memory
         self.closed = False
-        super().__init__(device)
+        super().__init__(device)  # creates the streams Streams declares, whichever they are
         self._default = self.compute
 
     # -- the Streams interface --------------------------------------------------------------
@@ -175,13 +229,32 @@ class RecordingStreams(Streams):
         with self._mode if not self.closed else contextlib.nullcontext():
             yield
 
+    def pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        with self.on_host():  # an allocation, not an op on a stream
+            t = torch.empty(shape, dtype=dtype)
+        self._register(t, STAGING, "Streams.pinned")
+        return t
+
+    def host_resident(self, tensor: torch.Tensor) -> None:
+        self._register(tensor, RESIDENT, "Streams.host_resident")
+
     def wait_stream(self, waiter: FakeStream, waited: FakeStream) -> None:
         with self._lock:
+            if (
+                waiter.index == self.compute.index
+                and waited.index != waiter.index
+                and self.steps > 0
+                and self._allowed is None
+            ):
+                self.overwaits.append(
+                    f"{threading.current_thread().name}: compute waits for the whole {waited} "
+                    f"stream at {_caller()} (after {self.steps} batches handed to the step)"
+                )
             _merge(self._clocks[waiter.index], self._clocks[waited.index])
 
     def record_event(self, stream: FakeStream) -> FakeEvent:
         with self._lock:
-            return FakeEvent(dict(self._clocks[stream.index]))
+            return FakeEvent(dict(self._clocks[stream.index]), stream.name, self)
 
     def wait_event(self, stream: FakeStream, event: FakeEvent | None) -> None:
         if event is not None:
@@ -195,13 +268,17 @@ class RecordingStreams(Streams):
                 alloc.recorded.add(stream.index)
 
     def read(self, tensor: torch.Tensor) -> list:
-        self._host_read(self.current_stream(), "read")
-        return tensor.tolist()
+        self._tensor_read(tensor, "read", always=True)
+        return _ORIGINAL["tolist"](tensor)
 
     def synchronize(self) -> None:
         with self._lock:
             for s in self._streams:
                 self._host_read(s, "synchronize")
+
+    def host_wait(self, event: FakeEvent | None) -> None:
+        if event is not None:
+            self._host_wait(event.clock, event.stream, "host_wait")
 
     def host_knowledge(self) -> Clock:
         with self._lock:
@@ -218,21 +295,35 @@ class RecordingStreams(Streams):
             self.steps += 1
 
     def timed_wait(self, stream: Any, event: Any) -> Any:
+        """As under CUDA: the wait between two events recorded on ``stream``."""
+        before = self.record_event(stream)
         self.wait_event(stream, event)
-        return None
+        return before, self.record_event(stream)
+
+    def waited_seconds(self, tokens: list) -> float:
+        """Waits for each token's second event (a host read), as under CUDA; 0 seconds."""
+        for _, after in tokens:
+            after.synchronize()
+        return 0.0
 
     # -- what the tests use -----------------------------------------------------------------
     @contextlib.contextmanager
     def activate(self):
-        """Record the calling thread's ops (other threads enter ``thread_setup``)."""
-        with self._mode:
-            yield self
-        self.close()
+        """Record the calling thread's ops (other threads enter ``thread_setup``) and every
+        thread's ``Tensor.tolist``/``numpy``/``cpu``; stop recording on leaving."""
+        self._wrap_tensor_reads()
+        try:
+            with self._mode:
+                yield self
+        finally:
+            self._unwrap_tensor_reads()
+            self.close()
 
     @contextlib.contextmanager
     def allowed(self, why: str):
-        """Host reads inside the block may drain the step (evaluation metrics, checkpoints), on
-        any thread: the block's thread may wait for another (the cache's planner) to read."""
+        """Host reads and compute-stream waits inside the block may drain the step (evaluation
+        metrics, checkpoints), on any thread: the block's thread may wait for another (the
+        cache's planner) to read."""
         saved, self._allowed = self._allowed, why
         try:
             yield
@@ -248,6 +339,17 @@ class RecordingStreams(Streams):
         """Reads after start-up (the first batch handed to the step) that drained the step."""
         return [r for r in self.reads if r.waits_for > 0 and r.steps > 0]
 
+    def ops_by_stream(self) -> dict[str, int]:
+        """Aten ops that touch memory issued so far on each stream, by name (what a GPU would
+        launch on it: views, which launch nothing, are not counted)."""
+        with self._lock:
+            return {s.name: self._launches.get(s.index, 0) for s in self._streams}
+
+    def memory_kind(self, tensor: torch.Tensor) -> str | None:
+        """What the recorder knows ``tensor``'s storage to be (see the module docstring)."""
+        found = self._memory.get(_key(tensor))
+        return found[0] if found else None
+
     def close(self) -> None:
         """Stop recording (tensors still alive were not freed under the recorder)."""
         self.closed = True
@@ -256,25 +358,73 @@ class RecordingStreams(Streams):
             self._keep.clear()
 
     # -- internals --------------------------------------------------------------------------
-    def host_wait(self, event: FakeEvent | None) -> None:
-        if event is not None:
-            self._host_read(None, "host_wait", event.clock)
+    def _on_device(self, t: torch.Tensor) -> bool:
+        return self.memory_kind(t) in (DEVICE, STARTUP)
 
-    def _host_read(self, stream: FakeStream | None, kind: str, clock: Clock | None = None) -> None:
+    def _register(self, t: torch.Tensor, kind: str, origin: str) -> None:
+        key = _key(t)
+        if key == 0:
+            return
         with self._lock:
-            tid = threading.get_ident()
-            host = self._host[tid]
-            if clock is None:
-                assert stream is not None
-                clock = self._clocks[stream.index]
+            self._memory[key] = (kind, origin)
+            self._allocs.pop(key, None)
+            self._keep.append(t.untyped_storage())
+
+    def _wrap_tensor_reads(self) -> None:
+        assert not self._saved, "the recorder is active already"
+        for name in TENSOR_READS:
+            original = getattr(torch.Tensor, name)
+
+            def read(t, *args, _original=original, _name=name, **kwargs):
+                self._tensor_read(t, _name)
+                return _original(t, *args, **kwargs)
+
+            self._saved[name] = (original, read)
+            setattr(torch.Tensor, name, read)
+
+    def _unwrap_tensor_reads(self) -> None:
+        # only where this recorder's wrapper is still in place (a HostSyncCounter entered on
+        # another thread may have wrapped over it); a wrapper left behind reads nothing once closed
+        for name, (original, read) in self._saved.items():
+            if getattr(torch.Tensor, name) is read:
+                setattr(torch.Tensor, name, original)
+        self._saved.clear()
+
+    def _tensor_read(self, t: torch.Tensor, kind: str, always: bool = False) -> None:
+        """The host reads ``t`` on the calling thread's current stream: a copy to the host issued
+        there (an access of ``t``), then a wait for that stream.  Only device memory is read
+        from the device (``always``: ``Streams.read``, a wait whatever ``t`` is)."""
+        if self.closed:
+            return
+        device = self._on_device(t)
+        if not (device or always):
+            return
+        with self._lock:
+            stream = self.current_stream()
+            if device:
+                clock = dict(self._issue(stream))
+                self._launches[stream.index] += 1  # the copy to the host
+                self._access(t, stream, clock, False, None, f"Tensor.{kind}")
+            self._host_read(stream, kind)
+
+    def _host_read(self, stream: FakeStream, kind: str) -> None:
+        """The host waits for the work issued on ``stream`` so far."""
+        self._host_wait(self._clocks[stream.index], stream.name, kind)
+
+    def _host_wait(self, clock: Clock, stream: str, kind: str) -> None:
+        """The calling thread waits for ``clock`` (``stream``: where it was taken)."""
+        if _fbgemm_host_counter():
+            return  # fbgemm's host-side counters: no device read, nothing learnt
+        with self._lock:
+            host = self._host[threading.get_ident()]
             c = self.compute.index
             after = max(host.get(c, 0), self.step_mark)
             waits = clock.get(c, 0) - after
-            if self._allowed is None and not _fbgemm_host_counter():
+            if self._allowed is None:
                 self.reads.append(
                     Read(
                         threading.current_thread().name,
-                        stream.name if stream is not None else "event",
+                        stream,
                         kind,
                         max(waits, 0),
                         self.step_mark,
@@ -292,12 +442,24 @@ class RecordingStreams(Streams):
         return clock
 
     def _dispatch(self, func, args, kwargs):
-        if getattr(self._tls, "host", False):  # host tensors (Streams.on_host): no stream
-            return func(*args, **kwargs)
+        if getattr(self._tls, "host", False):  # host work (Streams.on_host): no stream
+            kind = _sync_kind(func, args, kwargs)
+            if kind is not None:  # e.g. item() of device memory: read on the current stream
+                read = [t for t in _all_tensors((args, kwargs)) if self._on_device(t)]
+                if read:
+                    self._tensor_read(read[0], kind)
+            out = func(*args, **kwargs)
+            with self._lock:
+                self._host_op(func, args, kwargs, out)
+            return out
         kind = _sync_kind(func, args, kwargs)
         stream = self.current_stream()
         with self._lock:
+            if kind is None and self._blocking_copy(func, args, kwargs):
+                kind = "blocking_copy"
             clock = dict(self._issue(stream))
+            if _touches_memory(func):
+                self._launches[stream.index] += 1
             if kind is not None:  # the host waits for this op too
                 self._host_read(stream, kind)
         # run outside the lock: an op may block (a collective waiting for another rank) while
@@ -307,15 +469,58 @@ class RecordingStreams(Streams):
             self._accesses_of(func, args, kwargs, out, stream, clock)
         return out
 
+    def _host_op(self, func, args, kwargs, out) -> None:
+        """``on_host`` work: it must not touch device memory; what it makes is host memory."""
+        if _touches_memory(func):
+            for t in _all_tensors((args, kwargs)):
+                found = self._memory.get(_key(t))
+                if found is not None and found[0] == DEVICE:
+                    self.host_memory.append(
+                        f"host work {func} at {_caller()} touches device memory ({found[1]})"
+                    )
+                    break
+        if not any(r.alias_info is not None for r in func._schema.returns):
+            for t in _all_tensors(out):
+                if _key(t):
+                    self._memory[_key(t)] = (HOST, str(func))
+
+    def _blocking_copy(self, func, args, kwargs) -> bool:
+        """A copy between a staging buffer and device memory that the host waits for."""
+        if func is aten.copy_.default:  # (dst, src): one is staging, the other device memory
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            kinds = {self.memory_kind(args[0]), self.memory_kind(args[1])}
+            return not non_blocking and STAGING in kinds and bool(kinds & {DEVICE, STARTUP})
+        if func is aten._to_copy.default:  # staging to the device
+            non_blocking = kwargs.get("non_blocking", False)
+            return not non_blocking and self.memory_kind(args[0]) == STAGING
+        return False
+
+    def _check_host_memory(self, func, tensors: list[torch.Tensor], stream: FakeStream) -> None:
+        """An op on ``stream``: no host-resident memory; staging buffers only in copies."""
+        kinds = [self.memory_kind(t) for t in tensors]
+        if RESIDENT in kinds:
+            self.host_memory.append(
+                f"{func} on {stream} at {_caller()} touches host-resident memory"
+            )
+        elif STAGING in kinds and (
+            func not in _COPIES
+            or kinds.count(STAGING) > 1
+            or any(k not in (DEVICE, STARTUP) for k in kinds if k != STAGING)
+        ):
+            self.host_memory.append(
+                f"{func} on {stream} at {_caller()} touches a staging buffer and is not a copy "
+                "between it and device memory"
+            )
+
     def _accesses_of(self, func, args, kwargs, out, stream: FakeStream, clock: Clock) -> None:
-        schema = func._schema
-        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-        if not writes and any(r.alias_info is not None for r in schema.returns):
+        if not _touches_memory(func):
             return  # a view: no memory is touched
+        schema = func._schema
         named = {
             a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
             for i, a in enumerate(schema.arguments)
         }
+        self._check_host_memory(func, _all_tensors((args, kwargs)), stream)
         rows_of = self._row_rule(func, named)
         for a in schema.arguments:
             write = a.alias_info is not None and a.alias_info.is_write
@@ -349,9 +554,13 @@ class RecordingStreams(Streams):
         self._accesses.pop(key, None)
         self._keep.append(t.untyped_storage())
         self._allocs.pop(key, None)
+        self._memory[key] = (
+            DEVICE if self.steps else STARTUP,
+            f"{func} on {stream}" + (" after start-up" if self.steps else " at start-up"),
+        )
         if self.steps == 0:
             return  # start-up state (the model's buffers, the cache's tables): lives for the run
-        alloc = _Alloc(stream.index, name=str(func))
+        alloc = _Alloc(stream.index, name=f"{func} {tuple(t.shape)} {t.dtype}")
         self._allocs[key] = alloc
         weakref.finalize(t, self._died, key, alloc)
 
@@ -439,6 +648,13 @@ def _key(t: torch.Tensor) -> int:
         return 0
 
 
+def _touches_memory(func) -> bool:
+    """Whether an op reads or writes memory (a view op does neither)."""
+    schema = func._schema
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return writes or not any(r.alias_info is not None for r in schema.returns)
+
+
 def _tensors(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -447,8 +663,12 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
+def _all_tensors(value) -> list[torch.Tensor]:
+    return [v for v in tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
 def _unique(index: torch.Tensor) -> np.ndarray:
-    return np.unique(index.detach().reshape(-1).numpy())
+    return np.unique(_ORIGINAL["numpy"](index.detach().reshape(-1)))
 
 
 def _fbgemm_host_counter() -> bool:

@@ -10,6 +10,9 @@ asserted bounds: AUC within 0.001 (the issue's accuracy bound), log loss within 
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -104,16 +107,60 @@ def test_bf16_trains_to_fp32s_accuracy(runs, compiled):
     assert any(not torch.equal(params[n], ref_params[n]) for n in ref_params)
 
 
+# what torch.cuda.set_sync_debug_mode("warn") warns (c10/cuda: warn_or_error_on_sync)
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+@contextlib.contextmanager
+def syncs_of_this_thread():
+    """Inside the block, every ``SYNC_WARNING`` issued on the calling thread is appended to the
+    yielded list (where it was issued), each occurrence, and shown nowhere; those of other threads
+    are dropped; other warnings are shown as before.  Filters and ``showwarning`` are restored on
+    leaving."""
+    me, synced = threading.get_ident(), []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=SYNC_WARNING)  # not once per line
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if SYNC_WARNING not in str(message):
+                shown(message, category, filename, lineno, file, line)
+            elif threading.get_ident() == me:
+                synced.append(f"{filename}:{lineno}")
+
+        warnings.showwarning = show
+        yield synced
+
+
+def test_only_the_calling_threads_sync_warnings_are_collected():
+    """The mechanism of the GPU test below, on the CPU: another thread's warnings are dropped,
+    this thread's are all kept, and everything is restored on leaving."""
+    shown = warnings.showwarning
+    with syncs_of_this_thread() as synced:
+        other = threading.Thread(target=lambda: warnings.warn(SYNC_WARNING))
+        other.start()
+        other.join()
+        assert synced == []
+        for _ in range(2):
+            warnings.warn(SYNC_WARNING)
+    assert len(synced) == 2 and warnings.showwarning is shown
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["hbm", "freq_cache"])
 @pytest.mark.parametrize("precision", list(Precision))
 @pytest.mark.parametrize("compiled", [False, True])
 def test_gpu_training_step_never_synchronises_the_host(backend, precision, compiled):
-    """Inside a step (learning rates, forward, loss, backward, optimizer) nothing waits for the device: torch's sync
-    debug mode turns any synchronising call (.item(), nonzero, a blocking copy) into an error.  The
-    trainer's protocol around it (the Pipeline: prefetch and host->device copies between steps)
-    is outside the checked region; the first two steps (lazy initialisation, compilation) too."""
+    """Inside a step (learning rates, forward, loss, backward, optimizer) the training thread never
+    waits for the device: torch's sync debug mode in "warn" makes every synchronising call
+    (.item(), nonzero, a blocking copy) a warning, and none may come from the training thread.
+    The mode is process-wide, so it also fires on the freq_cache's planner thread, whose one read
+    per placed batch is its contract: warnings are told apart by the thread that issued them
+    (``syncs_of_this_thread``; autograd replays a backward's on the thread that called it).
+    The trainer's protocol around the step (the Pipeline: prefetch and host->device copies
+    between steps) is outside the checked region; the first two steps (lazy initialisation,
+    compilation) too."""
     device = torch.device("cuda")
     tables = [TableSpec(f"C{i + 1}", 1000, 16) for i in range(4)]
     optim = SparseOptim("rowwise_adagrad", 0.1)
@@ -138,19 +185,22 @@ def test_gpu_training_step_never_synchronises_the_host(backend, precision, compi
         )
         for _ in range(6)
     ]
-    with Pipeline(iter(batches), device, emb) as pipeline:
-        for i, b in enumerate(pipeline):
-            torch.cuda.set_sync_debug_mode("error" if i >= 2 else "default")
-            try:
-                model.embeddings.set_learning_rate(
-                    0.1
-                )  # the trainer's schedule sets both rates every step
-                for group in opt.param_groups:
-                    group["lr"] = 0.05
-                loss = F.binary_cross_entropy_with_logits(model(b.dense, b.sparse), b.labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+    with syncs_of_this_thread() as synced:
+        with Pipeline(iter(batches), device, emb) as pipeline:
+            for i, b in enumerate(pipeline):
+                torch.cuda.set_sync_debug_mode("warn" if i >= 2 else "default")
+                try:
+                    model.embeddings.set_learning_rate(
+                        0.1
+                    )  # the trainer's schedule sets both rates every step
+                    for group in opt.param_groups:
+                        group["lr"] = 0.05
+                    loss = F.binary_cross_entropy_with_logits(model(b.dense, b.sparse), b.labels)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+    assert i == len(batches) - 1  # every step ran, 4 of them checked
+    assert not synced, f"the training thread synchronised with the device at {synced}"
     assert torch.isfinite(loss).item()

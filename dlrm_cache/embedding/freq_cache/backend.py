@@ -334,7 +334,8 @@ class FreqCacheBackend(EmbeddingBackend):
 
     def export_tables(self) -> dict[str, torch.Tensor]:
         self.flush()
-        return self.store.export()
+        with self.streams.on_host():  # host memory, read by the host
+            return self.store.export()
 
     def import_tables(self, state: dict[str, torch.Tensor]) -> None:
         self._retire()

@@ -52,6 +52,7 @@ class Placer:
         self.policy = policy
         self.store = store
         self.transfers = transfers
+        self.streams = transfers.streams
         # observed accesses as a torch view (index_add_: numpy's add.at is several times slower)
         self._observed = None if store.observed is None else torch.from_numpy(store.observed)
         self.counters = Counters(len(table_names))
@@ -114,9 +115,18 @@ class Placer:
     def prepare(self, b: WindowBatch) -> bool:
         """Make ``b``'s rows resident, pin them and issue its copies; False (nothing changed) when
         its missing rows do not fit beside the pinned window."""
+        self.transfers.apply_write_backs(keep=2)
+        with self.streams.on_host():
+            plan = self._plan(b)
+        if plan is None:
+            return False
+        b.indices, b.event = self.transfers.place(*plan)
+        return True
+
+    def _plan(self, b: WindowBatch) -> tuple[np.ndarray, ...] | None:
+        """The host half of ``prepare``: the bookkeeping, and what ``Transfers.place`` moves."""
         a, s = b.analysis, self.slots
         assert a is not None and not a.bad  # analysed; a refused batch is never placed
-        self.transfers.apply_write_backs(keep=2)
         rows = a.rows
         sd = s.row_slot[rows].astype(np.int64)
         miss = np.flatnonzero(sd < 0)  # not resident (in the host store, or being written back)
@@ -132,11 +142,9 @@ class Placer:
         victims = self.policy.choose(len(loads))
         if victims is None:
             s.pin_add(hits, -1)
-            return False
+            return None
         wb_slots, wb_rows, evicted = s.assign(victims, loads)
-        s.dirty[victims[sources < -1]] = (
-            True  # newer than the host store until its write-back lands
-        )
+        s.dirty[victims[sources < -1]] = True  # newer than the host store until written back
         self.policy.admitted(victims, loads)
         sd[miss] = victims[inverse]
         s.pin_add(sd[miss], 1)
@@ -151,15 +159,13 @@ class Placer:
         self.counters.add("evictions", evicted)
         self.counters.add("rows_written_back", len(wb_rows))
         self.counters.add("rows_loaded", len(loads))
-        b.indices, b.event = self.transfers.place(
-            victims, loads, sources, wb_slots, wb_rows, lookup
-        )
-        return True
+        return victims, loads, sources, wb_slots, wb_rows, lookup
 
     def release(self, b: WindowBatch) -> None:
         """``b`` no longer holds its slots (retired, or unprepared to make room)."""
         assert b.pinned is not None  # prepared
-        self.slots.pin_add(b.pinned, -1)
+        with self.streams.on_host():
+            self.slots.pin_add(b.pinned, -1)
         b.prepared, b.pinned = False, None
 
     def mark_dirty(self, b: WindowBatch) -> None:
@@ -184,8 +190,9 @@ class Placer:
     def used(self, rows: np.ndarray, slots: np.ndarray) -> None:
         """The policy's view of a placement: observed accesses per id, rescored slots."""
         if self._observed is not None:
-            one = torch.ones((), dtype=torch.int64).expand(len(rows))
-            self._observed.index_add_(0, torch.from_numpy(rows), one)
+            with self.streams.on_host():
+                one = torch.ones((), dtype=torch.int64).expand(len(rows))
+                self._observed.index_add_(0, torch.from_numpy(rows), one)
         if self.policy.rescores:
             first, _ = self.slots.dedup_rows(rows)
             self.policy.used(slots[first], rows[first])
