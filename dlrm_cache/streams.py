@@ -5,20 +5,20 @@ such operation goes through a :class:`Streams` object, never through ``torch.cud
 
 * :class:`CudaStreams` issues them (a CUDA device);
 * :class:`InlineStreams` makes them no-ops (the CPU: every operation runs in order as issued);
-* the test suite swaps in a recorder (tests/streams/harness.py) that attributes every aten op to
-  the stream it was issued on, turns waits and events into happens-before edges, and checks on
-  the CPU what a GPU would do: which work a host read waits for, unsynchronized cross-stream
-  accesses, tensors used on a stream they were not allocated on without ``record_stream``.
+* the test suite swaps in a recorder (tests/streams/stream_harness.py) that attributes every aten
+  op to the stream it was issued on (or to the host, inside ``on_host``), turns waits and events
+  into happens-before edges, and checks on the CPU what a GPU would do: which work a host read
+  waits for, unsynchronized cross-stream accesses, tensors used on a stream they were not
+  allocated on without ``record_stream``, device work touching host memory.
 
 :func:`streams_for` returns one object per device, so the pipeline and the cache share their
-streams (the cache's plan stream waits for the pipeline's input stream, never for compute).
-Stream roles (see README, "The freq_cache's stream protocol"):
+streams.  Stream roles (see README, "Stream protocol"):
 
 * ``compute``: the training thread's current stream (forward, backward, optimizer);
 * ``input``: host-to-device copies of batches (waits for nothing);
-* ``plan``: the cache's bookkeeping (waits for ``input`` only);
-* ``copy``: the cache's row transfers (waits for ``plan`` and for events recorded on ``compute``
-  after the backward that last used the slots it overwrites).
+* ``copy``: the cache's row transfers and its one scatter and gather per batch (waits for events
+  recorded on ``compute`` after the backward that last used the slots it overwrites).  The cache
+  plans on the host, so it has no stream of its own for bookkeeping.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ class Streams:
         self.device = device
         self.compute = self.current_stream()
         self.input = self.new_stream("input")
-        self.plan = self.new_stream("plan", priority=-1)
         self.copy = self.new_stream("copy")
 
     # -- streams ---------------------------------------------------------------------------
