@@ -26,14 +26,17 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     each value of ``planner_threads``.
 
     Per timed batch: ``analyze`` (the loader thread's part on a GPU: global rows, range check,
-    static slots; on a CPU device the planner does it inside the placement), then ``prefetch``
-    up to ``settle`` (the planner has placed the batch: lookups, victims, pins, the host gather of
-    its missing rows into staging, its copies issued), then a device synchronize (the copies
-    themselves).  ``host_ms`` is the wall time of the placement, ``cpu_ms`` the CPU time of the
-    whole process over it (the planner and its host threads), ``copy_ms`` the wait for the
-    device after it.  With the look-ahead window the placement of batch ``t + lookahead`` runs
-    beside step ``t``, so ``host_ms`` must stay below the step time, not add to it.  After the
-    timed batches, ``sync_count_batches`` more run with the training thread's calls (prefetch,
+    static slots, distinct rows; on a CPU device the planner does it inside the placement), then
+    ``prefetch`` up to ``settle`` (the planner has placed the batch: lookups, victims, pins, the
+    host gather of its missing rows into staging, its copies issued), then a device synchronize
+    (the copies themselves).  ``host_ms``: the planner's host work per batch, the placement's wall
+    time less the time spent issuing device work (on a CPU device, doing it) and less the
+    write-backs' landing where it ran inline; ``land_ms``: the write-backs' landing (waiting for
+    the copy, scattering rows into the host store: the applier thread's work on a GPU); ``cpu_ms``:
+    the CPU time of the whole process over the placement; ``copy_ms``: the wait for the device
+    after it.  With the look-ahead window the placement of batch ``t + lookahead`` runs beside
+    step ``t``, so ``host_ms`` must stay below the step time, not add to it.  After the timed
+    batches, ``sync_count_batches`` more run with the training thread's calls (prefetch,
     forward) under :class:`HostSyncCounter`: the reads that would make it wait for the device.
     """
     from ..embedding.freq_cache import FreqCacheBackend
@@ -72,7 +75,8 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
     total = timed_end + cfg.sync_count_batches
     window: deque[KeyedJaggedTensor] = deque()
     counter, stats = HostSyncCounter(), None
-    t_an = t_host = t_cpu = t_copy = 0.0
+    t_an = t_host = t_cpu = t_copy = t_land = 0.0
+    tr = emb.transfers
     # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
     for i in range(total + cfg.lookahead):
         counted = timed_end <= i < total
@@ -83,23 +87,22 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
             sync(device)  # the previous batch's forward is not this placement's time
             t = time.perf_counter()
             a = emb.analyze(kjt)
+            issue, land = tr.issue_s, tr.write_backs.land_s
             t1, c1 = time.perf_counter(), time.process_time()
             with counter if counted else contextlib.nullcontext():
                 emb.prefetch(kjt, a)
             emb.settle()  # the planner thread placed it (prefetch only posts the batch)
             t2, c2 = time.perf_counter(), time.process_time()
+            issue, land = tr.issue_s - issue, tr.write_backs.land_s - land
+            inline = land if tr.write_backs.inline else 0.0
             sync(device)
             t3 = time.perf_counter()
             window.append(kjt)
             if i == cfg.warmup:
                 emb.reset_stats()
             if cfg.warmup <= i < timed_end:
-                t_an, t_host, t_cpu, t_copy = (
-                    t_an + t1 - t,
-                    t_host + t2 - t1,
-                    t_cpu + c2 - c1,
-                    t_copy + t3 - t2,
-                )
+                t_an, t_cpu, t_copy = t_an + t1 - t, t_cpu + c2 - c1, t_copy + t3 - t2
+                t_host, t_land = t_host + (t2 - t1) - issue - inline, t_land + land
         if len(window) > cfg.lookahead or i >= total:
             with counter if counted else contextlib.nullcontext():
                 emb.forward(window.popleft().to(device))
@@ -112,6 +115,7 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
         "planner_threads": emb.planner_threads,
         "analyze_ms": t_an * ms,
         "host_ms": t_host * ms,
+        "land_ms": t_land * ms,
         "cpu_ms": t_cpu * ms,
         "copy_ms": t_copy * ms,
         "hit_rate": stats["hit_rate"],
@@ -128,9 +132,10 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
 def _print(r: dict[str, Any]) -> None:
     s = r["stats"]
     print(
-        f"  {r['variant']:<36} analyze (loader) {r['analyze_ms']:6.2f} ms/batch  placement: "
-        f"{r['host_ms']:6.2f} ms wall, {r['cpu_ms']:6.2f} ms CPU  copies after it "
-        f"{r['copy_ms']:6.2f} ms  hit {r['hit_rate']:.4f}  rows in/out per batch "
+        f"  {r['variant']:<36} analysis {r['analyze_ms']:5.2f}  planner host work "
+        f"{r['host_ms']:5.2f}  write-backs landing {r['land_ms']:5.2f}  (ms/batch; process CPU "
+        f"{r['cpu_ms']:5.2f})  copies after it {r['copy_ms']:5.2f} ms  hit {r['hit_rate']:.4f}  "
+        f"rows in/out per batch "
         f"{r['rows_loaded_per_batch']:,.0f}/{r['rows_written_back_per_batch']:,.0f}  "
         f"deferred {s['deferred_batches']:.0f}  overflow {s['overflow_batches']:.0f}",
         flush=True,

@@ -199,6 +199,7 @@ class FreqCacheBackend(EmbeddingBackend):
         self._planner = Planner(self.streams, self.device)
         weakref.finalize(self, self._planner.close)
         weakref.finalize(self, host.close)
+        weakref.finalize(self, self.transfers.write_backs.close)
 
     def _layout(self, rows, static_fraction, flat_counts, policy, batch_size):
         row_off = np.concatenate([[0], np.cumsum(rows)])

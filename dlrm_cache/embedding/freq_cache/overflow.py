@@ -56,7 +56,7 @@ class OverflowPath:
         sources = np.full(len(admit), -1)  # every write-back applied: all in the host store
         p.transfers.place(victims, admit, sources, wb_slots, wb_rows, np.zeros(0, dtype=np.int64))
         p.transfers.sync()
-        p.transfers.apply_write_backs(keep=0)
+        p.transfers.write_backs.settle(keep=0)
         p.counters.add("evictions", evicted)
         p.counters.add("rows_written_back", len(wb_rows))
         p.counters.add("rows_loaded", k)
@@ -66,7 +66,7 @@ class OverflowPath:
         assert a is not None  # analysed
         p.counters.add("overflow_batches", 1)
         p.transfers.sync()
-        p.transfers.apply_write_backs(keep=0)
+        p.transfers.write_backs.settle(keep=0)
         grow = global_rows(a, p.row_off)
         first, inverse = p.slots.dedup_rows(grow)
         rows = grow[first]

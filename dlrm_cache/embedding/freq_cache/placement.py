@@ -76,7 +76,8 @@ class Placer:
         else:
             ids, table = values, id_tables(lpk)
             bad = bool(((ids < 0) | (ids >= self.rows[table])).any())
-            column = tuple(c[:, 0] for c in self._columns(values.dtype))
+            rows_col, off_col = self._columns(values.dtype)
+            column = (rows_col[:, 0], off_col[:, 0])
         if bad:  # refused at its prefetch: nothing else is needed
             return Analysis(kjt, values, lpk, _EMPTY, _EMPTY.astype(values.dtype), _EMPTY, True, 0)
         static_rows, static_off = (c[table] for c in column)
@@ -87,8 +88,11 @@ class Placer:
         dynamic = np.flatnonzero(lookup < 0)
         owner = dynamic // per if per else table[dynamic]  # type: ignore[index]
         rows = values[dynamic] + self.row_off[owner]
-        static_slots = np.bincount(lookup[lookup >= 0], minlength=1)
-        distinct = int(np.count_nonzero(static_slots)) + len(np.unique(rows))
+        # distinct rows: static slots marked in a flag array (-1, the others, marks the spare last
+        # entry), the others counted from a sort (fewer than a tenth of the ids, at Criteo sizes)
+        seen = np.zeros(self.slots.num_static + 1, dtype=bool)
+        seen[lookup] = True
+        distinct = int(np.count_nonzero(seen[:-1])) + _count_distinct(rows)
         return Analysis(kjt, values, lpk, rows, lookup, dynamic, False, distinct)
 
     def _columns(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +119,7 @@ class Placer:
     def prepare(self, b: WindowBatch) -> bool:
         """Make ``b``'s rows resident, pin them and issue its copies; False (nothing changed) when
         its missing rows do not fit beside the pinned window."""
-        self.transfers.apply_write_backs(keep=2)
+        self.transfers.write_backs.settle(keep=2)
         with self.streams.on_host():
             plan = self._plan(b)
         if plan is None:
@@ -199,6 +203,13 @@ class Placer:
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _count_distinct(values: np.ndarray) -> int:
+    if values.size == 0:
+        return 0
+    v = np.sort(values)
+    return int(np.count_nonzero(v[1:] != v[:-1])) + 1
 
 
 def global_rows(a: Analysis, row_off: np.ndarray) -> np.ndarray:

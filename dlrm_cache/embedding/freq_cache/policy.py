@@ -96,32 +96,42 @@ class EvictionPolicy:
     def _buckets(self, rows: np.ndarray) -> np.ndarray:
         """The queue of each of ``rows`` by its score (never ``EMPTY``)."""
         if self.name == "lru":
-            return np.ones(rows.shape, dtype=np.int64)
+            return np.ones(rows.shape, dtype=np.int16)
         score = np.zeros(rows.shape, dtype=np.float64)
         if self.counts is not None:
             score += self.counts[rows]
         if self.observed is not None:
             score += self.observed[rows]
-        return 1 + (np.log2(1.0 + score) * BUCKETS_PER_OCTAVE).astype(np.int64)
+        # int16: a stable argsort of them is a radix sort
+        return (1 + np.log2(1.0 + score) * BUCKETS_PER_OCTAVE).astype(np.int16)
 
-    def _push(self, bucket: int, slots: np.ndarray) -> None:
+    def _stamps(self, slots: np.ndarray, buckets: np.ndarray | int) -> np.ndarray:
+        """New stamps for ``slots`` (their old entries go stale), now in ``buckets``."""
         stamps = np.arange(self._next_stamp, self._next_stamp + len(slots), dtype=np.int64)
         self._next_stamp += len(slots)
         self._stamp[slots] = stamps
-        self._bucket[slots] = bucket
-        self._queues[bucket].push(slots, stamps)
+        self._bucket[slots] = buckets
         self._queued += len(slots)
-        if self._queued > 4 * max(self.slots.num_dynamic, 1024):
-            self._compact()
+        return stamps
+
+    def _push(self, bucket: int, slots: np.ndarray) -> None:
+        self._queues[bucket].push(slots, self._stamps(slots, bucket))
+        self._maybe_compact()
 
     def _push_by_bucket(self, slots: np.ndarray, buckets: np.ndarray) -> None:
         if len(slots) == 0:
             return
         order = np.argsort(buckets, kind="stable")
         slots, buckets = slots[order], buckets[order]
+        stamps = self._stamps(slots, buckets)
         starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
-        for a, b in zip(starts, np.r_[starts[1:], len(slots)]):
-            self._push(int(buckets[a]), slots[a:b])
+        for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(slots)]):
+            self._queues[int(buckets[a])].push(slots[a:b], stamps[a:b])
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if self._queued > 4 * max(self.slots.num_dynamic, 1024):
+            self._compact()
 
     def _compact(self) -> None:
         for q in self._queues:

@@ -24,26 +24,19 @@ no streams (every operation in order as issued).
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, NamedTuple
+import time
+from typing import Any
 
 import numpy as np
 import torch
 
 from ...streams import streams_for
-from .slots import SlotTable, pending_code, pending_position
+from .slots import SlotTable
 from .store import HostStore
+from .writeback import WriteBacks
 
 # rows per staging buffer when whole regions move (import, flush): bounds the pinned memory
 CHUNK_ROWS = 1 << 16
-
-
-class _WriteBack(NamedTuple):
-    rows: np.ndarray  # global rows, distinct
-    codes: np.ndarray  # their row_slot codes while pending (evicted rows), else -1
-    device: torch.Tensor  # [n, record_cols] the rows' records, gathered on the device
-    records: torch.Tensor  # the same in a staging buffer, filled by a device-to-host copy
-    event: Any  # recorded after that copy
 
 
 class Transfers:
@@ -64,8 +57,8 @@ class Transfers:
         self.streams = streams_for(device)
         self.compute = self.streams.compute
         self.streams.host_resident(store.data)
-        self._pending: deque[_WriteBack] = deque()
-        self._pending_next = 0  # the pending position of the next evicted row written back
+        self.write_backs = WriteBacks(store, slots, self.streams)
+        self.issue_s = 0.0  # time spent issuing device work (the CPU device: doing it)
         self._waits: list = []  # timing tokens around the compute stream's waits
         self._wait_folded = 0.0
         # the compute stream's work the copy stream must wait for before evicting (see retired)
@@ -136,7 +129,9 @@ class Transfers:
             parts["lookup"].numpy()[:] = lookup
             self.store.gather(rows[:stored], parts["records"].numpy()[:stored])
             if len(pending):
-                sourced = self._pending_sources(sources[stored:], pending, parts)
+                src, dst = parts["pending_src"].numpy(), parts["pending_dst"].numpy()
+                sourced = self.write_backs.sources(sources[stored:], pending, src, dst)
+        t0, written = time.perf_counter(), None
         with st.use(st.copy):
             dev = self._to_device(staging)
             d = _views(dev, k, w, len(pending), lookup, self.store.record_cols)
@@ -146,33 +141,14 @@ class Transfers:
                     d["records"].index_copy_(0, d["pending_dst"][a:b], rec)
             st.wait_event(st.copy, self._retire_event)
             if w:
-                self._write_back(d["wb_slots"], wb_rows, evicted=True)
+                written = self._write_back(d["wb_slots"])
             if k:
                 self._scatter(d["victims"], d["records"])
             ready = st.record_event(st.copy)
+        self.issue_s += time.perf_counter() - t0
+        if written is not None:
+            self.write_backs.add(wb_rows, *written, evicted=True)
         return d["lookup"], ready
-
-    def _pending_sources(
-        self, codes: np.ndarray, at: np.ndarray, parts: dict[str, torch.Tensor]
-    ) -> list[tuple[_WriteBack, int, int]]:
-        """Fill the staging buffer's pending part for loads at positions ``at`` whose rows are
-        in pending write-backs (``codes``): per write-back, which of its records go where."""
-        pos = pending_position(codes)
-        src, dst = parts["pending_src"].numpy(), parts["pending_dst"].numpy()
-        out, n = [], 0
-        for wb in self._pending:
-            if not (wb.codes < -1).any():
-                continue
-            start = int(pending_position(wb.codes[:1])[0])
-            j = (pos - start) % (1 << 30)
-            mine = j < len(wb.rows)
-            m = int(mine.sum())
-            if m:
-                src[n : n + m], dst[n : n + m] = j[mine], at[mine]
-                out.append((wb, n, n + m))
-                n += m
-        assert n == len(codes), "a pending row without its write-back"
-        return out
 
     def upload(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Fill ``slots`` with ``rows`` from the host store (a whole region: start-up, import),
@@ -193,26 +169,9 @@ class Transfers:
             with st.use(st.copy):
                 dev = self._to_device(staging)
                 st.wait_event(st.copy, self._retire_event)
-                self._write_back(_views(dev, 0, len(s), 0, _NONE, 0)["wb_slots"], r, evicted=False)
-        self.apply_write_backs(keep=0)
-
-    def apply_write_backs(self, keep: int = 1) -> None:
-        """Scatter written-back rows into the host store, all but the ``keep`` latest placements'
-        (the host waits for their copies: issued at least ``keep`` placements ago, normally
-        done)."""
-        while len(self._pending) > keep:
-            wb = self._pending.popleft()
-            self.streams.host_wait(wb.event)
-            with self.streams.on_host():
-                self.store.scatter(wb.rows, wb.records.numpy())
-            self.slots.written_back(wb.rows, wb.codes)
-
-    def drop_write_backs(self) -> None:
-        """Forget pending write-backs (the host store is replaced: import)."""
-        self.sync()
-        while self._pending:
-            wb = self._pending.popleft()
-            self.slots.written_back(wb.rows, wb.codes)
+                written = self._write_back(_views(dev, 0, len(s), 0, _NONE, 0)["wb_slots"])
+            self.write_backs.add(r, *written, evicted=False)
+        self.write_backs.settle(keep=0)
 
     def sync(self) -> None:
         """Everything issued so far has finished (flush, import, overflow: not on the step path)."""
@@ -280,10 +239,10 @@ class Transfers:
             state = records[:, self.dim :].reshape(-1, *self.cache_m.shape[1:])
             self.cache_m.index_copy_(0, slots, state)
 
-    def _write_back(self, slots: torch.Tensor, rows: np.ndarray, evicted: bool) -> None:
-        """Gather ``slots`` (device ids) into one device record buffer, copy it into a pinned one;
-        the host scatters it into ``rows`` later (``apply_write_backs``).  On the copy stream.
-        ``evicted``: the rows left the cache, and are marked pending in the row map until then."""
+    def _write_back(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Gather ``slots`` (device ids) into one device record buffer and copy it into a pinned
+        one, on the copy stream: both buffers and the copy's event, for ``WriteBacks.add`` (the
+        applier scatters the pinned one into the host store once the copy has landed)."""
         st = self.streams
         n, cols = slots.numel(), self.store.record_cols
         records = torch.empty((n, cols), dtype=torch.float32, device=self.device)
@@ -294,12 +253,7 @@ class Transfers:
         with st.on_host():
             host = st.pinned((n, cols), torch.float32)
         host.copy_(records, non_blocking=True)
-        codes = np.full(n, -1, dtype=np.int32)
-        if evicted:
-            codes = pending_code(self._pending_next + np.arange(n))
-            self._pending_next = (self._pending_next + n) % (1 << 30)
-            self.slots.row_slot[rows] = codes
-        self._pending.append(_WriteBack(rows, codes, records, host, st.record_event(st.copy)))
+        return records, host, st.record_event(st.copy)
 
 
 _NONE = np.zeros(0, dtype=np.int64)

@@ -112,7 +112,7 @@ class Window:
     def flush(self) -> None:
         tr, s = self.transfers, self.slots
         tr.sync()
-        tr.apply_write_backs(keep=0)
+        tr.write_backs.settle(keep=0)
         dirty = s.dirty_slots()
         if len(dirty):
             tr.write_back_now(dirty, s.slot_row[dirty])
@@ -127,7 +127,7 @@ class Window:
                 self.placer.mark_dirty(b)
 
     def import_tables(self, state: dict[str, torch.Tensor]) -> None:
-        self.transfers.drop_write_backs()
+        self.transfers.write_backs.drop()
         with self.streams.on_host():
             self.store.load(state)
         self.transfers.upload(*self.slots.resident())
