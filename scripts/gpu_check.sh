@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Everything this project checks on a GPU, in one call, from the repository root of a CUDA install
 # (README: set-up on a CUDA machine):   bash scripts/gpu_check.sh [PART...]
-# PART: tests, embedding, train, planning, precision, streams (default: all six); feed (the loader and
-# `train` against `bench kind=train` on a generated 8M-line set -- about 8 minutes, run it on its own).
+# PART: quick (below: the one call to make when a GPU is lent, about 5 minutes); tests, embedding,
+# train, planning, precision, streams (default: all six); feed (the loader and `train` against
+# `bench kind=train` on a generated 8M-line set -- about 8 minutes, run it on its own).
+# quick: the GPU tests; the embedding layer at 1.5% and the whole step at 1.5% and 5% (hbm,
+# uvm_cache, freq_cache, with the step's breakdown); the freq_cache's host half per batch for 1, 2
+# and 4 planner threads; `train` hbm against freq_cache on a generated Kaggle-shaped set; the
+# compute stream's gaps per step from a profiler trace of `train`; `bench kind=preprocess` with 1,
+# 4, 8 and 16 workers.  Each step has a time limit (QUICK_BUDGET seconds in all, default 330);
+# without CUDA the GPU steps are skipped, each with a line saying so.  Last, a table of the ratios
+# (scripts/gpu_summary.py).
 # Results (test log, benchmark JSON, tables and figures) go to $OUT (default gpu-results/).
 # A machine without pytest (an offline bundle) can carry it as .gpu-extra/pytest.tar.gz (make gpu-extra).
 set -uo pipefail
@@ -16,6 +24,7 @@ if ! python3 -c "import pytest" 2>/dev/null && [ -f .gpu-extra/pytest.tar.gz ]; 
 fi
 PARTS=" ${*:-tests embedding train planning precision streams} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
+GPU=$(python3 -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, fbgemm_gpu, torchrec; print(torch.__version__, fbgemm_gpu.__version__, torchrec.__version__)" >> "$OUT/gpu.txt" 2>&1
 
@@ -74,5 +83,59 @@ if want streams; then
             embedding.cache_ratio=$ratio model.embedding_dim=128 > "$OUT/streams-$ratio.txt" 2>&1
         cp $S/trace-$ratio/trace.json "$OUT/trace-freq_cache-$ratio.json" 2>/dev/null
     done
+fi
+if want quick; then
+    Q=/tmp/quick
+    BUDGET=${QUICK_BUDGET:-330}
+    T0=$SECONDS
+    # run "$@" with at most $1 seconds, and never past the budget; its output to $OUT/$2
+    step() {
+        local limit=$1 log=$2 gpu=$3; shift 3
+        local left=$(( BUDGET - (SECONDS - T0) ))
+        if [ "$gpu" = gpu ] && [ "$GPU" != 1 ]; then
+            echo "quick: SKIPPED $log (no CUDA device)" | tee -a "$OUT/quick.txt"; return
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+        if [ "$limit" -le 5 ]; then
+            echo "quick: SKIPPED $log (the ${BUDGET}s budget is spent)" | tee -a "$OUT/quick.txt"; return
+        fi
+        local t=$SECONDS
+        timeout "$limit" "$@" 2>&1 | grep --line-buffered -v -e '^W1' -e 'compatibility with PyTorch' \
+            -e '_fbgemm_torch_compat' -e '\[0m' -e '\[33m' -e 'WARNING\] - *$' -e '^[[:space:]]*$' \
+            > "$OUT/$log"
+        echo "quick: $log rc=${PIPESTATUS[0]} in $((SECONDS - t))s (limit ${limit}s)" | tee -a "$OUT/quick.txt"
+    }
+    : > "$OUT/quick.txt"
+    # a Kaggle-shaped set for `train`, generated while the GPU tests run
+    ( [ -f $Q/processed/manifest.json ] || { python3 -m dlrm_cache synth output=$Q/raw \
+        lines=${QUICK_LINES:-1000000} files=2 cardinality_scale=1 progress=false && \
+        python3 -m dlrm_cache preprocess input=$Q/raw output=$Q/processed progress=false; } ) \
+        > "$OUT/quick-data.txt" 2>&1 &
+    DATA=$!
+    step 90 gpu-tests.txt gpu python3 -m pytest -m gpu -q -p no:cacheprovider -x
+    step 60 bench-embedding.txt gpu python3 -m dlrm_cache bench kind=embedding num_tables=26 \
+        rows_per_table=1000000 embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] \
+        uvm_algorithms=[lru] cache_ratios=[0.015] warmup=10 iters=30 output="$OUT/bench-embedding.json" figure=null
+    step 110 bench-train.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
+        embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] uvm_algorithms=[lfu] \
+        cache_ratios=[0.015,0.05] warmup=10 iters=30 output="$OUT/bench-train.json" figure=null
+    step 50 bench-planning.txt gpu python3 -m dlrm_cache bench kind=planning cardinality_scale=1 \
+        embedding_dim=128 batch_size=16384 cache_ratios=[0.015] planner_threads=[1,2,4] warmup=5 \
+        iters=20 sync_count_batches=2 device=cuda output="$OUT/bench-planning.json" figure=null
+    wait $DATA; echo "quick: data rc=$? at $((SECONDS - T0))s" | tee -a "$OUT/quick.txt"
+    for emb in hbm freq_cache; do
+        step 45 train-$emb.txt gpu python3 -m dlrm_cache train data.path=$Q/processed \
+            data.batch_size=16384 data.eval_batch_size=65536 model=mlperf embedding=$emb epochs=3 \
+            eval_batches=2 progress=false run_dir=$Q/run-$emb
+        cp $Q/run-$emb/summary.json "$OUT/train-$emb-summary.json" 2>/dev/null
+    done
+    step 45 streams.txt gpu python3 scripts/stream_trace.py $Q/processed $Q/trace \
+        data.batch_size=16384 embedding.cache_ratio=0.015 model=mlperf
+    cp $Q/trace/streams.json "$OUT/streams.json" 2>/dev/null
+    step 60 bench-preprocess.txt cpu python3 -m dlrm_cache bench kind=preprocess \
+        preprocess_input=$Q/raw workers=[1,4,8,16] repeats=1 peer_lines=0 output="$OUT/bench-preprocess.json"
+    echo "quick: done in $((SECONDS - T0))s" | tee -a "$OUT/quick.txt"
+    python3 scripts/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"
+    exit 0
 fi
 tail -n 12 "$OUT"/*.txt

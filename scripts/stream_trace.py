@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+STEPS = 60  # the profiled run's training steps
+
 
 def kernel_intervals(trace: dict) -> dict[str, list[tuple[float, float]]]:
     """GPU kernel and memcpy intervals (start, end) in microseconds, by stream id."""
@@ -49,9 +51,10 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
     return total
 
 
-def summarize(trace: dict, gap_us: float = 50.0) -> dict:
+def summarize(trace: dict, gap_us: float = 50.0, steps: int = 0) -> dict:
     """Per stream: kernel time; beside compute: the share overlapping the busiest stream's kernels
-    (the compute stream: the one with the most kernel time); the compute stream's gaps > gap_us."""
+    (the compute stream: the one with the most kernel time); the compute stream's gaps > gap_us
+    (and per step, given the run's ``steps``)."""
     streams = kernel_intervals(trace)
     if not streams:
         return {"error": "no GPU kernels in the trace (was it recorded on a GPU?)"}
@@ -67,6 +70,9 @@ def summarize(trace: dict, gap_us: float = 50.0) -> dict:
     gaps = [b2 - e1 for (_, e1), (b2, _) in zip(iv, iv[1:]) if b2 - e1 > gap_us]
     span = iv[-1][1] - iv[0][0]
     out[f"compute_gaps_over_{gap_us:g}us"] = len(gaps)
+    if steps:
+        out["compute_gaps_per_step"] = round(len(gaps) / steps, 2)
+        out["compute_gap_ms_per_step"] = round(sum(gaps) / steps / 1000, 3)
     out["compute_idle_share"] = round(1 - busy[compute] / span, 3) if span > 0 else 0.0
     return out
 
@@ -76,7 +82,7 @@ def main(argv: list[str]) -> int:
     from hydra import compose, initialize_config_dir
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from dlrm_cache.config import config_dir, register_configs
+    from dlrm_cache.configstore import config_dir, register_configs
     from dlrm_cache.train.loop import train
 
     data, out, overrides = Path(argv[0]), Path(argv[1]), argv[2:]
@@ -89,7 +95,7 @@ def main(argv: list[str]) -> int:
                 f"data.path={data}",
                 f"run_dir={out / 'run'}",
                 "progress=false",
-                "max_steps=60",
+                f"max_steps={STEPS}",
                 "eval_batches=1",
                 "embedding=freq_cache",
                 *overrides,
@@ -102,7 +108,7 @@ def main(argv: list[str]) -> int:
     with profile(activities=activities, schedule=schedule(wait=0, warmup=0, active=1)) as prof:
         train(cfg)
     prof.export_chrome_trace(str(out / "trace.json"))
-    summary = summarize(json.loads((out / "trace.json").read_text()))
+    summary = summarize(json.loads((out / "trace.json").read_text()), steps=STEPS)
     (out / "streams.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     return 0

@@ -62,7 +62,7 @@ def train_steps(backend, batches, lookahead: int, seed: int = 0, flush_at=()) ->
 @pytest.mark.parametrize(
     "policy, lookahead, batch, ratio, path",
     [
-        # the normal path: streams, events, copies from the host-mapped store (checked on CPU:
+        # the normal path: streams, events, staging copies in and out (checked on CPU:
         # these sizes neither defer nor overflow)
         ("freq", 0, 128, 0.1, "normal"),
         ("freq", 2, 128, 0.1, "normal"),
@@ -87,7 +87,7 @@ def test_freq_cache_on_gpu_matches_hbm(policy, lookahead, batch, ratio, path):
         lookahead=lookahead,
         counts=make_counts(tables) if policy == "freq" else None,
     )
-    assert cache.slots.row_map == "sorted" and cache.store.weight.is_cuda
+    assert cache.transfers.cache_w.is_cuda and not cache.store.data.is_cuda
     hbm.import_tables(state)
     cache.import_tables(state)
     rng = np.random.default_rng(1)
@@ -99,7 +99,7 @@ def test_freq_cache_on_gpu_matches_hbm(policy, lookahead, batch, ratio, path):
     assert (s["overflow_batches"] > 0) == (path == "overflow"), s
     if path != "overflow":
         assert (s["deferred_batches"] > 0) == (path == "deferred"), s
-    assert s["transfer_wait_s"] >= 0.0 and cache.mover._waits == []  # the timed waits were read
+    assert s["transfer_wait_s"] >= 0.0 and cache.transfers._waits == []  # the timed waits were read
     assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)
 
 
@@ -122,7 +122,7 @@ def test_uvm_cache_matches_hbm_and_reports_hits():
 
 
 def test_freq_cache_device_memory_scales_with_the_cache():
-    """10M rows in host-mapped memory; the GPU holds the slots and ~30 B of bookkeeping per slot."""
+    """10M rows in host memory; the GPU holds the slots only (the bookkeeping is host memory)."""
     from dlrm_cache.embedding.base import TableSpec
 
     tables = [TableSpec("C1", 6_000_000, 16), TableSpec("C2", 4_000_000, 16)]
@@ -132,15 +132,16 @@ def test_freq_cache_device_memory_scales_with_the_cache():
     cache = FreqCacheBackend(tables, optim, device="cuda", cache_ratio=0.01, policy="lru")
     torch.cuda.synchronize()
     used = torch.cuda.memory_allocated() - before
-    assert cache.store.weight.is_cuda and cache.slots.row_map == "sorted"
+    assert not cache.store.data.is_cuda and not cache.store.data.is_pinned()
     table_bytes = 10_000_000 * optim.row_bytes(16)
     assert used < cache.cache_bytes + 2**20, (used, cache.cache_bytes)
     assert used < table_bytes / 20, (used, table_bytes)
 
 
 def test_freq_cache_flush_with_prefetched_batches_on_gpu():
-    """A checkpoint (flush) with the window prepared keeps those batches' slots dirty: on the GPU
-    the bits are cleared on the compute stream and set again on the plan stream."""
+    """A checkpoint (flush) with the window prepared keeps those batches' slots dirty, and its
+    write-backs (a gather and a copy out on the copy stream, landed by the write-back thread)
+    reach the host store before the export reads it."""
     tables = make_tables()
     optim = SparseOptim("rowwise_adagrad", lr=0.1)
     state = random_state(tables, optim)

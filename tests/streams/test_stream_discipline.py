@@ -147,13 +147,13 @@ def test_no_step_waits_for_the_cache(
 
 def test_the_cache_issues_at_most_30_device_ops_per_batch(monkeypatch, processed_synth, tmp_path):
     """Issue 26, target 2: the cache's device work per batch is proportional to the batch, at most
-    ``CACHE_OPS_PER_BATCH`` aten ops on its streams (plan and copy), counted over the real loop's
+    ``CACHE_OPS_PER_BATCH`` aten ops that touch memory on its streams, counted over the real loop's
     steady state (look-ahead 2).  Each training forward first lets the planner run every task
     posted so far (``settle``), so the ops between two forwards are exactly one batch's: its
     prefetch, demand, forward and retirement.
 
-    Fails until the cache plans on the host: at 35f4459 (look-ahead 2, ratio 0.05, 12 steps) it
-    counts 116 per batch (plan 105, copy 11; 129 with ``row_map=sorted``, a GPU's default)."""
+    12 per batch on the copy stream with the cache planning on the host; at 6a65ee4, which
+    planned on the device, 99 (plan 92, copy 7; 111 with ``row_map=sorted``, a GPU's default)."""
     marks: list[dict[str, int]] = []
     forward = FreqCacheBackend.forward
 

@@ -259,20 +259,33 @@ class Transfers:
 _NONE = np.zeros(0, dtype=np.int64)
 
 
+_ALIGN = 64  # bytes: every part of a staging buffer starts at a multiple (kernels' vector loads)
 _PARTS = ("victims", "wb_slots", "pending_src", "pending_dst", "lookup", "records")
 
 
+def _sizes(k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> list[int]:
+    """Bytes of a staging buffer's ``_PARTS``: the victims' slots, the write-back slots, the
+    pending write-backs' records to load and where (int64), the lookup indices (their dtype), the
+    records (float32 [k, cols])."""
+    return [8 * k, 8 * w, 8 * m, 8 * m, lookup.nbytes, 4 * k * cols]
+
+
 def _layout(k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> list[int]:
-    """Byte offsets of a staging buffer's ``_PARTS``: the victims' slots, the write-back slots,
-    the pending write-backs' records to load and where (int64: 8-byte aligned first), the lookup
-    indices (their dtype), the records (float32 [k, cols]); the last entry is the size."""
-    sizes = [8 * k, 8 * w, 8 * m, 8 * m, lookup.nbytes, 4 * k * cols]
-    return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    """Byte offsets of the parts (``_sizes``), each 64-byte aligned; the last entry is the size."""
+    sizes = _sizes(k, w, m, lookup, cols)
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + -(-size // _ALIGN) * _ALIGN)
+    return offsets
 
 
 def _views(buf: torch.Tensor, k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> dict:
     o = _layout(k, w, m, lookup, cols)
     dtypes = [torch.int64] * 4 + [torch.from_numpy(lookup[:0]).dtype, torch.float32]
-    out = {name: buf[o[i] : o[i + 1]].view(dt) for i, (name, dt) in enumerate(zip(_PARTS, dtypes))}
+    sizes = _sizes(k, w, m, lookup, cols)
+    out = {
+        name: buf[o[i] : o[i] + sizes[i]].view(dt)
+        for i, (name, dt) in enumerate(zip(_PARTS, dtypes))
+    }
     out["records"] = out["records"].view(k, cols)
     return out
