@@ -112,16 +112,17 @@ if want quick; then
         python3 -m dlrm_cache preprocess input=$Q/raw output=$Q/processed progress=false; } ) \
         > "$OUT/quick-data.txt" 2>&1 &
     DATA=$!
-    step 90 gpu-tests.txt gpu python3 -m pytest -m gpu -q -p no:cacheprovider -x
+    # the GPU tests but the compiled precision cases (each compiles for a minute; `tests` runs them)
+    P=tests/train/test_precision.py::test_gpu_training_step_never_synchronises_the_host
+    step 90 gpu-tests.txt gpu python3 -m pytest -m gpu -v -p no:cacheprovider -x \
+        tests/embedding/test_gpu.py tests/test_end_to_end.py tests/test_stats_interface.py \
+        "$P[False-fp32-hbm]" "$P[False-fp32-freq_cache]" "$P[False-bf16-freq_cache]"
     step 60 bench-embedding.txt gpu python3 -m dlrm_cache bench kind=embedding num_tables=26 \
         rows_per_table=1000000 embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] \
         uvm_algorithms=[lru] cache_ratios=[0.015] warmup=10 iters=30 output="$OUT/bench-embedding.json" figure=null
-    step 110 bench-train.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
+    step 150 bench-train.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
         embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] uvm_algorithms=[lfu] \
         cache_ratios=[0.015,0.05] warmup=10 iters=30 output="$OUT/bench-train.json" figure=null
-    step 50 bench-planning.txt gpu python3 -m dlrm_cache bench kind=planning cardinality_scale=1 \
-        embedding_dim=128 batch_size=16384 cache_ratios=[0.015] planner_threads=[1,2,4] warmup=5 \
-        iters=20 sync_count_batches=2 device=cuda output="$OUT/bench-planning.json" figure=null
     wait $DATA; echo "quick: data rc=$? at $((SECONDS - T0))s" | tee -a "$OUT/quick.txt"
     for emb in hbm freq_cache; do
         step 45 train-$emb.txt gpu python3 -m dlrm_cache train data.path=$Q/processed \
@@ -129,6 +130,9 @@ if want quick; then
             eval_batches=2 progress=false run_dir=$Q/run-$emb
         cp $Q/run-$emb/summary.json "$OUT/train-$emb-summary.json" 2>/dev/null
     done
+    step 50 bench-planning.txt gpu python3 -m dlrm_cache bench kind=planning cardinality_scale=1 \
+        embedding_dim=128 batch_size=16384 cache_ratios=[0.015] planner_threads=[1,2,4] warmup=5 \
+        iters=20 sync_count_batches=2 device=cuda output="$OUT/bench-planning.json" figure=null
     step 45 streams.txt gpu python3 scripts/stream_trace.py $Q/processed $Q/trace \
         data.batch_size=16384 embedding.cache_ratio=0.015 model=mlperf
     cp $Q/trace/streams.json "$OUT/streams.json" 2>/dev/null

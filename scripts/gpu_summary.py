@@ -23,16 +23,16 @@ def _load(out: Path, name: str):
 def _bench(rows, title: str) -> list[str]:
     if not rows:
         return [f"{title}: no results"]
-    lines = [title]
+    lines = [title + ":"]
     for r in rows:
         if "error" in r:
             lines.append(f"  {r['variant']:<24} skipped: {r['error'][:80]}")
             continue
-        ratio = next((v for k, v in r.items() if k.startswith("speed_vs_")), None)
+        base, ratio = next(((k[9:], v) for k, v in r.items() if k.startswith("speed_vs_")), ("", None))
         hit = r.get("hit_rate")
         lines.append(
             f"  {r['variant']:<24} {r['ms_per_iter']:8.3f} ms  "
-            f"{'' if ratio is None else f'{ratio:.3f}x of hbm':<14}"
+X
             f"{'' if hit is None or hit != hit else f'hit {hit:.3f}'}"
         )
         if r.get("breakdown_ms"):
@@ -46,8 +46,8 @@ def main(out: Path) -> int:
     tests = out / "gpu-tests.txt"
     last = tests.read_text().strip().splitlines()[-1:] if tests.exists() else ["no log"]
     lines.append(f"gpu tests: {last[0] if last else 'empty log'}")
-    lines += _bench(_load(out, "bench-embedding.json"), "embedding layer (ms/iter):")
-    lines += _bench(_load(out, "bench-train.json"), "whole step (ms/iter, then its breakdown):")
+    lines += _bench(_load(out, "bench-embedding.json"), "embedding layer (ms/iter)")
+    lines += _bench(_load(out, "bench-train.json"), "whole step (ms/iter, then its breakdown)")
     plan = _load(out, "bench-planning.json")
     lines.append("freq_cache host half per batch (ms): threads analysis planner landing CPU")
     for r in plan or []:
