@@ -28,11 +28,14 @@ def _bench(rows, title: str) -> list[str]:
         if "error" in r:
             lines.append(f"  {r['variant']:<24} skipped: {r['error'][:80]}")
             continue
-        base, ratio = next(((k[9:], v) for k, v in r.items() if k.startswith("speed_vs_")), ("", None))
+        base, ratio = next(
+            ((k[len("speed_vs_") :], v) for k, v in r.items() if k.startswith("speed_vs_")),
+            ("", None),
+        )
         hit = r.get("hit_rate")
         lines.append(
             f"  {r['variant']:<24} {r['ms_per_iter']:8.3f} ms  "
-X
+            f"{'' if ratio is None else f'{ratio:.3f}x of {base}':<16}"
             f"{'' if hit is None or hit != hit else f'hit {hit:.3f}'}"
         )
         if r.get("breakdown_ms"):

@@ -230,13 +230,18 @@ def _runs(
         *(f"{k}={v}" for k, v in (cfg.preprocess_overrides or {}).items()),
     ]
     variants: list[tuple[str, list[str], dict[str, str]]] = []
+    # the tree first, then whatever path the caller had (an offline bundle's packages)
+    rest = os.environ.get("PYTHONPATH", "")
+
+    def path(tree: str) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tree, rest) if p)}
+
     if baseline is not None:
         _configs_as_package(baseline)
-        env = {**os.environ, "PYTHONPATH": str(baseline)}
-        variants.append(("baseline", [*base, f"output={work}/baseline"], env))
+        variants.append(("baseline", [*base, f"output={work}/baseline"], path(str(baseline))))
     cores = available_cores()
     for w in dict.fromkeys(w or cores for w in cfg.workers):  # 0: what preprocess would use
-        env = {**os.environ, "PYTHONPATH": here}
+        env = path(here)
         variants.append((f"workers={w}", [*base, f"output={work}/w{w}", f"workers={w}"], env))
 
     print(

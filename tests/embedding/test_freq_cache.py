@@ -856,6 +856,32 @@ def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():
         planner.close()
 
 
+def test_a_planner_thread_that_fails_to_start_raises_instead_of_hanging():
+    """A planner whose thread cannot set itself up (a CUDA device it cannot select, say) fails
+    every task, and a wait for a batch it should have placed raises: the training thread never
+    waits forever on a dead thread."""
+    import threading
+
+    from dlrm_cache.embedding.freq_cache.planner import Planner
+    from dlrm_cache.streams import InlineStreams
+
+    class BrokenThread(InlineStreams):
+        asynchronous = True
+
+        def thread_setup(self):
+            raise RuntimeError("no device for this thread")
+
+    planner = Planner(BrokenThread(torch.device("cpu")), torch.device("cpu"))
+    placed = threading.Event()
+    planner.post(placed.set)
+    with pytest.raises(RuntimeError, match="failed to start") as e:
+        planner.wait(placed)
+    assert "no device for this thread" in str(e.value.__cause__)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        planner.call(lambda: 1)
+    planner.close()
+
+
 def test_stall_counts_the_placement_of_batches_not_prefetched():
     """``stall_s``: the training thread's time on batches that were not placed ahead, which on a
     CPU (inline planner) is the placement itself; prefetched batches add (next to) none."""

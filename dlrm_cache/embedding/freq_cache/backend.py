@@ -138,6 +138,7 @@ class FreqCacheBackend(EmbeddingBackend):
                 f"embedding=freq_cache on device={self.device} but CUDA is not available; "
                 "use device=cpu (the cache logic is the same) or embedding=host"
             )
+
         self.cache_ratio = float(cache_ratio)
         self.lookahead = int(lookahead)
         self.policy_name = policy
@@ -148,6 +149,8 @@ class FreqCacheBackend(EmbeddingBackend):
         self._check_device_memory()
 
         # ---- allocation
+        if self.device.type == "cuda" and self.device.index is None:  # the threads' device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.planner_threads = resolve_planner_threads(planner_threads, self.device)
         host = HostThreads(self.planner_threads)
         observed = observes_counts(policy, refresh_counts)
@@ -286,7 +289,7 @@ class FreqCacheBackend(EmbeddingBackend):
             b = WindowBatch(features, train)
             self._planner.post(self._window.prefetch, b, None, True, self._ordered(features))
         self._planner.post(self._window.demand, b, train)
-        b.wait(self.streams)
+        b.wait(self.streams, self._planner)
         stall = time.perf_counter() - t0
         self._unretired = True  # from here on, the batch is in flight (or failed)
         if b.error is not None:

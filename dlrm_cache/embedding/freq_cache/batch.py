@@ -72,7 +72,7 @@ class WindowBatch:
         self.known = streams.host_knowledge()
         self.ready.set()
 
-    def wait(self, streams: Any) -> None:
+    def wait(self, streams: Any, planner: Any) -> None:
         """Training thread: until the batch is placed (or failed)."""
-        self.ready.wait()
+        planner.wait(self.ready)
         streams.learn(self.known)

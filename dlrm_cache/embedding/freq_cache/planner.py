@@ -23,6 +23,7 @@ What one thread knows to have finished on the device travels with its tasks and 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
 import weakref
@@ -58,9 +59,13 @@ class Planner:
         """``threaded``: run tasks on a thread of their own (default: where ``streams`` are
         asynchronous)."""
         self.streams = streams
+        if device.type == "cuda" and device.index is None:  # the thread's device: the caller's
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._dead: BaseException | None = None  # the thread's own set-up failed
+        self.name = name
         self.threaded = streams.asynchronous if threaded is None else threaded
         self._thread: threading.Thread | None = None
         if self.threaded:
@@ -69,10 +74,16 @@ class Planner:
             _live.add(self)
 
     def _run(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
         st = self.streams
-        with st.thread_setup(), st.use(st.copy), torch.no_grad():
+        setup = contextlib.ExitStack()
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            for context in (st.thread_setup(), st.use(st.copy), torch.no_grad()):
+                setup.enter_context(context)
+        except BaseException as e:  # every task fails with it, and ``wait`` raises it
+            self._dead = e
+        with setup:
             while True:
                 task = self._tasks.get()
                 if task is None:
@@ -80,6 +91,10 @@ class Planner:
                 fn, args, future, knowledge = task
                 st.learn(knowledge)
                 try:
+                    if self._dead is not None:
+                        raise RuntimeError(
+                            f"the {self.name} thread failed to start"
+                        ) from self._dead
                     result = fn(*args)
                 except BaseException as e:  # surfaced on the training thread
                     if future is not None:
@@ -89,6 +104,13 @@ class Planner:
                     continue
                 if future is not None:
                     future.set_result((result, st.host_knowledge()))
+
+    def wait(self, event: threading.Event) -> None:
+        """Wait for ``event``, which a posted task sets; raise if the thread failed to start
+        (its tasks then only fail: the event would never be set)."""
+        while not event.wait(timeout=1.0):
+            if self._dead is not None:
+                raise RuntimeError(f"the {self.name} thread failed to start") from self._dead
 
     def _raise_pending(self) -> None:
         if self._error is not None:

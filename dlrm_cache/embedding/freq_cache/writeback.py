@@ -79,7 +79,7 @@ class WriteBacks:
         while self._entries and (len(self._entries) > keep or self._entries[0].done.is_set()):
             wb = self._entries.popleft()
             self._posted -= 1
-            wb.done.wait()
+            self._applier.wait(wb.done)
             self.streams.learn(wb.known)
             self.slots.written_back(wb.rows, wb.codes)
 
