@@ -76,7 +76,9 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
     window: deque[KeyedJaggedTensor] = deque()
     counter, stats = HostSyncCounter(), None
     t_an = t_host = t_cpu = t_copy = t_land = 0.0
-    tr = emb.transfers
+    tr, phases = emb.transfers, emb.placer.phase_s
+    phase0: dict[str, float] = {}
+    land0 = 0.0
     # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
     for i in range(total + cfg.lookahead):
         counted = timed_end <= i < total
@@ -100,13 +102,20 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
             window.append(kjt)
             if i == cfg.warmup:
                 emb.reset_stats()
+                emb.settle()
+                phase0 = {**phases, "gather": tr.gather_s, "issue": tr.issue_s}
+                land0 = tr.write_backs.land_s
             if cfg.warmup <= i < timed_end:
                 t_an, t_cpu, t_copy = t_an + t1 - t, t_cpu + c2 - c1, t_copy + t3 - t2
-                t_host, t_land = t_host + (t2 - t1) - issue - inline, t_land + land
+                t_host += (t2 - t1) - issue - inline
         if len(window) > cfg.lookahead or i >= total:
             with counter if counted else contextlib.nullcontext():
                 emb.forward(window.popleft().to(device))
                 emb.step_done()
+        if i == timed_end - 1:
+            emb.settle()
+            phase1 = {**phases, "gather": tr.gather_s, "issue": tr.issue_s}
+            t_land = tr.write_backs.land_s - land0  # on its own thread (GPU) or inline (CPU)
     stats_all = emb.stats()
     if stats is None:  # nothing ran after the timed batches
         stats, stats_all = stats_all, {k: 0.0 for k in stats_all}
@@ -116,6 +125,9 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
         "analyze_ms": t_an * ms,
         "host_ms": t_host * ms,
         "land_ms": t_land * ms,
+        # the placement's parts: waits for write-backs, bookkeeping (of which victims), staging
+        # fill and gather, issuing device work (on a CPU device: doing it)
+        "phase_ms": {k: (phase1[k] - phase0.get(k, 0.0)) * ms for k in phase1},
         "cpu_ms": t_cpu * ms,
         "copy_ms": t_copy * ms,
         "hit_rate": stats["hit_rate"],
@@ -140,6 +152,8 @@ def _print(r: dict[str, Any]) -> None:
         f"deferred {s['deferred_batches']:.0f}  overflow {s['overflow_batches']:.0f}",
         flush=True,
     )
+    parts = "  ".join(f"{k} {v:.2f}" for k, v in r["phase_ms"].items())
+    print(f"  {'':<36} placement's parts (ms/batch): {parts}", flush=True)
     kinds = " ".join(f"{k} {v:g}" for k, v in r["host_syncs_by_kind"].items()) or "none"
     print(
         f"  {'':<36} training thread's host syncs per batch (prefetch+forward): {kinds}; "

@@ -19,6 +19,9 @@ for a kernel, and the training thread only waits for the batch's "rows ready" ev
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+
 import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -56,6 +59,8 @@ class Placer:
         # observed accesses as a torch view (index_add_: numpy's add.at is several times slower)
         self._observed = None if store.observed is None else torch.from_numpy(store.observed)
         self.counters = Counters(len(table_names))
+        # seconds in each part of ``prepare`` (the planning bench's breakdown; never reset)
+        self.phase_s: defaultdict[str, float] = defaultdict(float)
         self._cols: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
 
     # -- analysis (no cache state: any thread) ---------------------------------------------
@@ -119,12 +124,18 @@ class Placer:
     def prepare(self, b: WindowBatch) -> bool:
         """Make ``b``'s rows resident, pin them and issue its copies; False (nothing changed) when
         its missing rows do not fit beside the pinned window."""
+        t0 = time.perf_counter()
         self.transfers.write_backs.settle(keep=2)
+        t1 = time.perf_counter()
         with self.streams.on_host():
             plan = self._plan(b)
+        t2 = time.perf_counter()
+        self.phase_s["settle"] += t1 - t0
+        self.phase_s["plan"] += t2 - t1
         if plan is None:
             return False
         b.indices, b.event = self.transfers.place(*plan)
+        self.phase_s["place"] += time.perf_counter() - t2
         return True
 
     def _plan(self, b: WindowBatch) -> tuple[np.ndarray, ...] | None:
@@ -132,7 +143,7 @@ class Placer:
         a, s = b.analysis, self.slots
         assert a is not None and not a.bad  # analysed; a refused batch is never placed
         rows = a.rows
-        sd = s.row_slot[rows].astype(np.int64)
+        sd = s.row_slot[rows]
         miss = np.flatnonzero(sd < 0)  # not resident (in the host store, or being written back)
         hits = sd[sd >= 0]
         s.pin_add(hits, 1)  # this batch's resident rows are no victims
@@ -143,7 +154,9 @@ class Placer:
             order = np.argsort(sources < -1, kind="stable")
             loads, sources = loads[order], sources[order]
             inverse = np.argsort(order)[inverse]
+        t = time.perf_counter()
         victims = self.policy.choose(len(loads))
+        self.phase_s["victims"] += time.perf_counter() - t
         if victims is None:
             s.pin_add(hits, -1)
             return None

@@ -59,6 +59,7 @@ class Transfers:
         self.streams.host_resident(store.data)
         self.write_backs = WriteBacks(store, slots, self.streams)
         self.issue_s = 0.0  # time spent issuing device work (the CPU device: doing it)
+        self.gather_s = 0.0  # time spent filling staging buffers (the missing rows' gather)
         self._waits: list = []  # timing tokens around the compute stream's waits
         self._wait_folded = 0.0
         # the compute stream's work the copy stream must wait for before evicting (see retired)
@@ -122,6 +123,7 @@ class Transfers:
         k, w = len(rows), len(wb_slots)
         stored = int(np.count_nonzero(sources >= -1))
         pending = np.arange(stored, k)
+        t_host = time.perf_counter()
         staging, parts = self._staging(k, w, len(pending), lookup)
         with st.on_host():
             parts["victims"].numpy()[:] = victims
@@ -132,6 +134,7 @@ class Transfers:
                 src, dst = parts["pending_src"].numpy(), parts["pending_dst"].numpy()
                 sourced = self.write_backs.sources(sources[stored:], pending, src, dst)
         t0, written = time.perf_counter(), None
+        self.gather_s += t0 - t_host
         with st.use(st.copy):
             dev = self._to_device(staging)
             d = _views(dev, k, w, len(pending), lookup, self.store.record_cols)
