@@ -30,7 +30,8 @@ class Analysis:
     ``lookup`` holds each id's slot where its row is in the static region (its slot follows from
     its rank) and -1 where it is not: those ids, at positions ``dynamic`` (global rows ``rows``),
     are looked up in the row map when the batch is placed.  ``lookup`` has the ids' dtype (that of
-    the batch's offsets: fbgemm wants indices and offsets of one dtype).  A ``bad`` batch (an id
+    the batch's offsets: fbgemm wants indices and offsets of one dtype) and lives in a staging
+    buffer (``staged``), so the placement fills in the dynamic ids and the copy reads it as is.  A ``bad`` batch (an id
     outside its table) is refused at its prefetch, and has nothing else."""
 
     kjt: KeyedJaggedTensor
@@ -41,6 +42,8 @@ class Analysis:
     dynamic: np.ndarray  # positions of the ids outside the static region
     bad: bool  # an id out of its table's range
     distinct: int  # distinct rows of the batch
+    staged: torch.Tensor | None  # the staging buffer ``lookup`` is a view of
+    sent: bool = False  # its copy to the device was issued
 
 
 @dataclasses.dataclass(eq=False)

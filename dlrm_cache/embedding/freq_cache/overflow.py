@@ -54,7 +54,7 @@ class OverflowPath:
         wb_slots, wb_rows, evicted = p.slots.assign(victims, admit)
         p.policy.admitted(victims, admit)
         sources = np.full(len(admit), -1)  # every write-back applied: all in the host store
-        p.transfers.place(victims, admit, sources, wb_slots, wb_rows, np.zeros(0, dtype=np.int64))
+        p.transfers.place(victims, admit, sources, wb_slots, wb_rows, None)
         p.transfers.sync()
         p.transfers.write_backs.settle(keep=0)
         p.counters.add("evictions", evicted)

@@ -84,12 +84,15 @@ class Placer:
             rows_col, off_col = self._columns(values.dtype)
             column = (rows_col[:, 0], off_col[:, 0])
         if bad:  # refused at its prefetch: nothing else is needed
-            return Analysis(kjt, values, lpk, _EMPTY, _EMPTY.astype(values.dtype), _EMPTY, True, 0)
+            return Analysis(kjt, values, lpk, _EMPTY, _EMPTY, _EMPTY, True, 0, None)
         static_rows, static_off = (c[table] for c in column)
         static = ids < static_rows
-        lookup = ids + static_off
-        np.copyto(lookup, -1, where=~static)
-        lookup = lookup.reshape(-1)
+        # the lookup indices go straight into the staging buffer their copy reads
+        with self.streams.on_host():
+            staged = self.streams.pinned((values.size,), torch.from_numpy(values[:0]).dtype)
+        lookup = staged.numpy()
+        np.add(ids, static_off, out=lookup.reshape(ids.shape))
+        np.copyto(lookup, -1, where=~static.reshape(-1))
         dynamic = np.flatnonzero(lookup < 0)
         owner = dynamic // per if per else table[dynamic]  # type: ignore[index]
         rows = values[dynamic] + self.row_off[owner]
@@ -98,7 +101,7 @@ class Placer:
         seen = np.zeros(self.slots.num_static + 1, dtype=bool)
         seen[lookup] = True
         distinct = int(np.count_nonzero(seen[:-1])) + _count_distinct(rows)
-        return Analysis(kjt, values, lpk, rows, lookup, dynamic, False, distinct)
+        return Analysis(kjt, values, lpk, rows, lookup, dynamic, False, distinct, staged)
 
     def _columns(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Per table, as ``[tables, 1]`` columns of the ids' dtype: its static rows, and the
@@ -138,7 +141,7 @@ class Placer:
         self.phase_s["place"] += time.perf_counter() - t2
         return True
 
-    def _plan(self, b: WindowBatch) -> tuple[np.ndarray, ...] | None:
+    def _plan(self, b: WindowBatch) -> _Placed | None:
         """The host half of ``prepare``: the bookkeeping, and what ``Transfers.place`` moves."""
         a, s = b.analysis, self.slots
         assert a is not None and not a.bad  # analysed; a refused batch is never placed
@@ -165,8 +168,13 @@ class Placer:
         self.policy.admitted(victims, loads)
         sd[miss] = victims[inverse]
         s.pin_add(sd[miss], 1)
-        lookup = a.lookup.copy()
-        lookup[a.dynamic] = sd
+        assert a.staged is not None  # analysed and not bad
+        if a.sent:  # placed before (and given back): its copy may still read the buffer
+            fresh = self.streams.pinned(tuple(a.staged.shape), a.staged.dtype)
+            fresh.copy_(a.staged)
+            a.staged, a.lookup = fresh, fresh.numpy()
+        a.lookup[a.dynamic] = sd
+        a.sent = True
         if b.first_hits is None:  # what was resident at the first placement: counted at forward
             b.first_hits = self._hits(a, miss, len(loads))
         self.used(rows, sd)
@@ -176,7 +184,7 @@ class Placer:
         self.counters.add("evictions", evicted)
         self.counters.add("rows_written_back", len(wb_rows))
         self.counters.add("rows_loaded", len(loads))
-        return victims, loads, sources, wb_slots, wb_rows, lookup
+        return victims, loads, sources, wb_slots, wb_rows, a.staged
 
     def release(self, b: WindowBatch) -> None:
         """``b`` no longer holds its slots (retired, or unprepared to make room)."""
@@ -216,6 +224,8 @@ class Placer:
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+# what ``Transfers.place`` moves: victims, loads, their sources, write-back slots and rows, lookup
+_Placed = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, torch.Tensor]
 
 
 def _count_distinct(values: np.ndarray) -> int:

@@ -186,7 +186,7 @@ class EvictionPolicy:
                 break
             unseen = len(q)  # each entry is looked at once (pinned ones go back behind these)
             while need and unseen:
-                s, st = q.peek(min(unseen, max(2 * need, 256)))
+                s, st = q.peek(min(unseen, need + need // 4 + 256))
                 valid = stamp[s] == st
                 free = valid & (pin[s] == 0)
                 taken = np.cumsum(free)

@@ -4,8 +4,9 @@ The planner decides everything on the host (placement.py); what reaches the devi
 batch is, on the *copy* stream (dlrm_cache/streams.py):
 
 1. one host-to-device copy of one pinned staging buffer holding the victims' slot ids, the
-   write-back slots, the batch's lookup indices (slot per id) and the missing rows' records
-   (weights and optimizer state, gathered from the host store by the planner's host threads);
+   write-back slots and the missing rows' records (weights and optimizer state, gathered from the
+   host store by the planner's host threads), and one of the batch's lookup indices (slot per id,
+   written into their own staging buffer by the analysis and the placement);
 2. a wait for the event recorded on the compute stream when batches were last retired (the
    backward that last updated a victim slot, and the steps of the batches it held, come first);
 3. the write-backs: one gather of the dirty victims' slots into a device buffer (per fbgemm
@@ -112,11 +113,11 @@ class Transfers:
         sources: np.ndarray,
         wb_slots: np.ndarray,
         wb_rows: np.ndarray,
-        lookup: np.ndarray,
-    ) -> tuple[torch.Tensor, Any]:
+        lookup: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, Any]:
         """A placed batch's copies: ``rows`` into ``victims`` after the dirty ``wb_slots`` were
         written back (to ``wb_rows``, which the slot table no longer maps); the batch's ``lookup``
-        indices on the device.  ``sources``: each row's ``row_slot`` before it was placed, -1 (in
+        indices (a staging buffer) on the device.  ``sources``: each row's ``row_slot`` before it was placed, -1 (in
         the host store) or, after all of those, a pending code (in a write-back not applied yet).
         Returns the device indices and the event after which they and the rows are there."""
         st = self.streams
@@ -124,11 +125,10 @@ class Transfers:
         stored = int(np.count_nonzero(sources >= -1))
         pending = np.arange(stored, k)
         t_host = time.perf_counter()
-        staging, parts = self._staging(k, w, len(pending), lookup)
+        staging, parts = self._staging(k, w, len(pending))
         with st.on_host():
             parts["victims"].numpy()[:] = victims
             parts["wb_slots"].numpy()[:] = wb_slots
-            parts["lookup"].numpy()[:] = lookup
             self.store.gather(rows[:stored], parts["records"].numpy()[:stored])
             if len(pending):
                 src, dst = parts["pending_src"].numpy(), parts["pending_dst"].numpy()
@@ -137,7 +137,8 @@ class Transfers:
         self.gather_s += t0 - t_host
         with st.use(st.copy):
             dev = self._to_device(staging)
-            d = _views(dev, k, w, len(pending), lookup, self.store.record_cols)
+            indices = None if lookup is None else self._to_device(lookup)
+            d = _views(dev, k, w, len(pending), self.store.record_cols)
             if len(pending):
                 for wb, a, b in sourced:  # rows re-missed before their write-back landed
                     rec = wb.device.index_select(0, d["pending_src"][a:b])
@@ -151,14 +152,14 @@ class Transfers:
         self.issue_s += time.perf_counter() - t0
         if written is not None:
             self.write_backs.add(wb_rows, *written, evicted=True)
-        return d["lookup"], ready
+        return indices, ready
 
     def upload(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Fill ``slots`` with ``rows`` from the host store (a whole region: start-up, import),
         in chunks, ordered after the last retirement; the device is synchronized on return."""
         for a in range(0, len(slots), CHUNK_ROWS):
             s, r = slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS]
-            self.place(s, r, np.full(len(r), -1), _NONE, _NONE, _NONE)
+            self.place(s, r, np.full(len(r), -1), _NONE, _NONE, None)
         self.sync()
 
     def write_back_now(self, slots: np.ndarray, rows: np.ndarray) -> None:
@@ -166,13 +167,13 @@ class Transfers:
         st = self.streams
         for a in range(0, len(slots), CHUNK_ROWS):
             s, r = slots[a : a + CHUNK_ROWS], rows[a : a + CHUNK_ROWS]
-            staging, parts = self._staging(0, len(s), 0, _NONE)
+            staging, parts = self._staging(0, len(s), 0)
             with st.on_host():
                 parts["wb_slots"].numpy()[:] = s
             with st.use(st.copy):
                 dev = self._to_device(staging)
                 st.wait_event(st.copy, self._retire_event)
-                written = self._write_back(_views(dev, 0, len(s), 0, _NONE, 0)["wb_slots"])
+                written = self._write_back(_views(dev, 0, len(s), 0, 0)["wb_slots"])
             self.write_backs.add(r, *written, evicted=False)
         self.write_backs.settle(keep=0)
 
@@ -221,14 +222,12 @@ class Transfers:
         return self._to_device(staging)
 
     # -- internals ---------------------------------------------------------------------------
-    def _staging(
-        self, k: int, w: int, m: int, lookup: np.ndarray
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _staging(self, k: int, w: int, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One pinned buffer for a placement's host-to-device copy, and its parts."""
-        nbytes = _layout(k, w, m, lookup, self.store.record_cols)[-1]
+        nbytes = _layout(k, w, m, self.store.record_cols)[-1]
         with self.streams.on_host():
             staging = self.streams.pinned((nbytes,), torch.uint8)
-        return staging, _views(staging, k, w, m, lookup, self.store.record_cols)
+        return staging, _views(staging, k, w, m, self.store.record_cols)
 
     def _to_device(self, staging: torch.Tensor) -> torch.Tensor:
         dev = torch.empty(staging.shape, dtype=staging.dtype, device=self.device)
@@ -263,29 +262,28 @@ _NONE = np.zeros(0, dtype=np.int64)
 
 
 _ALIGN = 64  # bytes: every part of a staging buffer starts at a multiple (kernels' vector loads)
-_PARTS = ("victims", "wb_slots", "pending_src", "pending_dst", "lookup", "records")
+_PARTS = ("victims", "wb_slots", "pending_src", "pending_dst", "records")
 
 
-def _sizes(k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> list[int]:
+def _sizes(k: int, w: int, m: int, cols: int) -> list[int]:
     """Bytes of a staging buffer's ``_PARTS``: the victims' slots, the write-back slots, the
-    pending write-backs' records to load and where (int64), the lookup indices (their dtype), the
-    records (float32 [k, cols])."""
-    return [8 * k, 8 * w, 8 * m, 8 * m, lookup.nbytes, 4 * k * cols]
+    pending write-backs' records to load and where (int64), the records (float32 [k, cols])."""
+    return [8 * k, 8 * w, 8 * m, 8 * m, 4 * k * cols]
 
 
-def _layout(k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> list[int]:
+def _layout(k: int, w: int, m: int, cols: int) -> list[int]:
     """Byte offsets of the parts (``_sizes``), each 64-byte aligned; the last entry is the size."""
-    sizes = _sizes(k, w, m, lookup, cols)
+    sizes = _sizes(k, w, m, cols)
     offsets = [0]
     for size in sizes:
         offsets.append(offsets[-1] + -(-size // _ALIGN) * _ALIGN)
     return offsets
 
 
-def _views(buf: torch.Tensor, k: int, w: int, m: int, lookup: np.ndarray, cols: int) -> dict:
-    o = _layout(k, w, m, lookup, cols)
-    dtypes = [torch.int64] * 4 + [torch.from_numpy(lookup[:0]).dtype, torch.float32]
-    sizes = _sizes(k, w, m, lookup, cols)
+def _views(buf: torch.Tensor, k: int, w: int, m: int, cols: int) -> dict:
+    o = _layout(k, w, m, cols)
+    dtypes = [torch.int64] * 4 + [torch.float32]
+    sizes = _sizes(k, w, m, cols)
     out = {
         name: buf[o[i] : o[i] + sizes[i]].view(dt)
         for i, (name, dt) in enumerate(zip(_PARTS, dtypes))
