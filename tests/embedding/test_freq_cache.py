@@ -797,10 +797,11 @@ def test_cpu_cache_plans_inline_and_dedups_without_a_sort():
 
 
 def test_cpu_cache_op_budget_per_batch():
-    """A CPU cache with the dense map places batches per id (by_id.py) in fewer aten ops than
-    from a dedup of every batch did: its prefetch + forward + backward beyond the uncached
-    backend's forward + backward, per batch of the trainer's loop (window of 2, one id per sample
-    and table).  Measured 2026-11-25 (torch 2.13 CPU): 70.25 per batch; 73.75 before (694d216)."""
+    """A CPU cache's prefetch + forward + backward beyond the uncached backend's forward +
+    backward, in aten ops per batch of the trainer's loop (window of 2, one id per sample and
+    table): the bookkeeping is numpy, so what remains is torch's part (pins, the staging copies,
+    the one scatter and gather, the lookup).  Measured 2026-11-26 (torch 2.13 CPU): 58.25 per
+    batch; 70.25 at 6a65ee4 (placement per id through a torch row map)."""
     from dlrm_cache.bench.syncs import HostSyncCounter
 
     tables = make_tables([20000, 5000, 300, 8000])
@@ -824,7 +825,7 @@ def test_cpu_cache_op_budget_per_batch():
     assert cache.stats()["rows_loaded"] > 0 and cache.stats()["deferred_batches"] == 0
     assert cache_c.ops["sort"] == 0
     extra = (cache_c.total_ops - host_c.total_ops) / (len(batches) - 4)
-    assert extra <= 71, extra
+    assert extra <= 60, extra
 
 
 def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():

@@ -38,7 +38,7 @@ CACHE_STREAMS = ("copy",)
 
 def _tracked(init):
     """``FreqCacheBackend.__init__`` that also has the recorder check the cache's slot buffers
-    (``mover.cache_w``, ``mover.cache_m``) and host store (``store.data``) row by row, and
+    (``transfers.cache_w``, ``transfers.cache_m``) and host store (``store.data``) row by row, and
     declares the host store host-resident (a backend may declare it itself: the same call)."""
 
     def tracked_init(self, *args, **kwargs):
