@@ -883,6 +883,101 @@ def test_a_planner_thread_that_fails_to_start_raises_instead_of_hanging():
     planner.close()
 
 
+def _within(seconds: float, fn):
+    """``fn()``'s result or exception, or a failure if it neither returns nor raises in time."""
+    import threading
+
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"no return and no error within {seconds} s: a hang"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_a_placement_failing_part_way_stops_the_cache_instead_of_training_on():
+    """A placement that fails after its bookkeeping changed (a CUDA out-of-memory while its
+    staging copy is made, say) leaves the host bookkeeping out of step with the slots: that batch's
+    forward raises the error, and every later batch, flush and import raises instead of
+    training on rows the host no longer tracks."""
+    from dlrm_cache.embedding.freq_cache import transfer
+
+    tables = make_tables([3000, 4000])
+    optim = SparseOptim("sgd", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.1, policy="lru", lookahead=1, batch_size=32)
+    rng = np.random.default_rng(0)
+    batches = [make_batch(rng, tables, 32, multi_hot=set()) for _ in range(6)]
+    place, calls = transfer.Transfers.place, [0]
+
+    def flaky(self, *args):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise RuntimeError("out of memory (planted)")
+        return place(self, *args)
+
+    transfer.Transfers.place = flaky  # type: ignore[method-assign]
+    try:
+        cache.prefetch(batches[0])
+        raised = []
+        for i, b in enumerate(batches):
+            if i + 1 < len(batches):
+                cache.prefetch(batches[i + 1])
+            try:
+                _within(20, lambda: cache(b).values().sum().backward())
+            except RuntimeError as e:
+                raised.append(str(e))
+        # the failed batch raises its error, a batch already placed behind it and every later one
+        # the cache's: no step after the failure trains
+        assert raised.count("out of memory (planted)") == 1 and len(raised) >= 3, raised
+        assert all(r == "out of memory (planted)" or "failed part-way" in r for r in raised)
+        with pytest.raises(RuntimeError, match="failed part-way"):
+            _within(20, cache.flush)
+        assert cache.stats()["overflow_batches"] == 0  # the normal path failed
+    finally:
+        transfer.Transfers.place = place  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "threaded"])
+def test_a_write_back_that_does_not_land_is_raised_never_waited_for(threaded):
+    """A write-back whose scatter into the host store fails (or whose copy's event reports a
+    device error) is raised by a later call of the training thread, not waited for forever;
+    the rows it held are lost, so every later flush raises too."""
+    from dlrm_cache.streams import InlineStreams, streams_override
+
+    class WithStreams(InlineStreams):
+        asynchronous = True
+
+    tables = make_tables()
+    optim = SparseOptim("sgd", lr=0.1)
+    with streams_override(WithStreams) if threaded else contextlib.nullcontext():
+        host, cache = pair(tables, optim, cache_ratio=0.05, policy="lru", lookahead=1)
+
+    def boom(rows, records):
+        raise RuntimeError("scatter failed (planted)")
+
+    cache.store.scatter = boom  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+
+    def train():
+        for _ in range(12):
+            cache(make_batch(rng, tables, 128)).values().sum().backward()
+        cache.flush()
+
+    with pytest.raises(RuntimeError, match="did not reach the host store"):
+        _within(30, train)
+    with pytest.raises(RuntimeError, match="did not reach the host store"):
+        _within(30, cache.flush)
+
+
 def test_stall_counts_the_placement_of_batches_not_prefetched():
     """``stall_s``: the training thread's time on batches that were not placed ahead, which on a
     CPU (inline planner) is the placement itself; prefetched batches add (next to) none."""

@@ -62,6 +62,13 @@ class OverflowPath:
         p.counters.add("rows_loaded", k)
 
     def forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
+        try:
+            return self._forward(b, features, lr)
+        except BaseException as e:  # the bookkeeping may be half changed: nothing goes on
+            self.placer.broken = e
+            raise
+
+    def _forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
         p, a = self.placer, b.analysis
         assert a is not None  # analysed
         p.counters.add("overflow_batches", 1)
@@ -104,9 +111,16 @@ class OverflowPath:
         offsets = features.offsets().to(self.device, dtype=torch.int64)
         return tbe(indices, offsets)
 
-    @torch.no_grad()
     def retire(self, b: WindowBatch) -> None:
         """After ``b``'s backward: its trained rows back to their slots or the host store."""
+        try:
+            self._retire(b)
+        except BaseException as e:  # rows may be lost: nothing goes on
+            self.placer.broken = e
+            raise
+
+    @torch.no_grad()
+    def _retire(self, b: WindowBatch) -> None:
         o, b.overflow = b.overflow, None
         if not o.train:
             return

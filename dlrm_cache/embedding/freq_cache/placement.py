@@ -62,6 +62,8 @@ class Placer:
         # seconds in each part of ``prepare`` (the planning bench's breakdown; never reset)
         self.phase_s: defaultdict[str, float] = defaultdict(float)
         self._cols: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        # a placement that failed part-way: the host bookkeeping no longer matches the slots
+        self.broken: BaseException | None = None
 
     # -- analysis (no cache state: any thread) ---------------------------------------------
     def analyze(self, kjt: KeyedJaggedTensor, values: np.ndarray) -> Analysis:
@@ -130,16 +132,19 @@ class Placer:
         t0 = time.perf_counter()
         self.transfers.write_backs.settle(keep=2)
         t1 = time.perf_counter()
-        with self.streams.on_host():
-            plan = self._plan(b)
-        t2 = time.perf_counter()
+        try:
+            with self.streams.on_host():
+                plan = self._plan(b)
+            t2 = time.perf_counter()
+            if plan is not None:
+                b.indices, b.event = self.transfers.place(*plan)
+        except BaseException as e:  # the bookkeeping may be half changed: nothing goes on
+            self.broken = e
+            raise
         self.phase_s["settle"] += t1 - t0
         self.phase_s["plan"] += t2 - t1
-        if plan is None:
-            return False
-        b.indices, b.event = self.transfers.place(*plan)
         self.phase_s["place"] += time.perf_counter() - t2
-        return True
+        return plan is not None
 
     def _plan(self, b: WindowBatch) -> _Placed | None:
         """The host half of ``prepare``: the bookkeeping, and what ``Transfers.place`` moves."""

@@ -35,7 +35,28 @@ class Window:
         self.queue: list[WindowBatch] = []  # prefetched, not yet forwarded (FIFO)
         self.inflight: list[WindowBatch] = []  # forwarded, backward not known to be done
 
+    def broken(self) -> BaseException | None:
+        """Once a placement failed part-way (its bookkeeping half changed), the error every later
+        batch and call gets: training on must not use rows the host no longer tracks."""
+        if self.placer.broken is None:
+            return None
+        e = RuntimeError(
+            "freq_cache: a placement failed part-way, so the cache's bookkeeping no longer matches "
+            "its slots; restart from the last checkpoint (the cause is chained below)"
+        )
+        e.__cause__ = self.placer.broken
+        return e
+
+    def _fail(self, b: WindowBatch, e: BaseException) -> None:
+        b.error = e
+        if b in self.queue:
+            self.queue.remove(b)
+        b.signal(self.streams)
+
     def prefetch(self, b: WindowBatch, analysis: object, adhoc: bool, ordered: Any) -> None:
+        if (broken := self.broken()) is not None:
+            self._fail(b, broken)
+            return
         try:
             if not isinstance(analysis, Analysis):
                 analysis = self.placer.analyze(b.kjt, self._host_values(b.kjt, ordered))
@@ -63,7 +84,10 @@ class Window:
 
     def demand(self, b: WindowBatch, train: bool) -> None:
         """``b`` is forwarded next: placed now, whatever it takes."""
+        if b.error is None:
+            b.error = self.broken()
         if b.error is not None:
+            self._fail(b, b.error)
             return
         if b in self.queue:
             self.queue.remove(b)
@@ -110,6 +134,8 @@ class Window:
         self._try_prepare()  # batches deferred behind the cancelled ones
 
     def flush(self) -> None:
+        if (broken := self.broken()) is not None:
+            raise broken
         tr, s = self.transfers, self.slots
         tr.sync()
         tr.write_backs.settle(keep=0)
@@ -127,6 +153,8 @@ class Window:
                 self.placer.mark_dirty(b)
 
     def import_tables(self, state: dict[str, torch.Tensor]) -> None:
+        if (broken := self.broken()) is not None:
+            raise broken
         self.transfers.write_backs.drop()
         with self.streams.on_host():
             self.store.load(state)
@@ -155,10 +183,11 @@ class Window:
                 continue
             try:
                 placed = self.placer.prepare(b)
-            except BaseException as e:  # raised by this batch's forward; later batches go on
-                b.error = e
-                b.signal(self.streams)
-                continue
+            except BaseException as e:  # this batch's forward raises it, the later ones the rest
+                self._fail(b, e)
+                for q in list(self.queue):
+                    self._fail(q, self.broken() or e)
+                return
             if not placed:
                 if not b.deferred:
                     b.deferred = True

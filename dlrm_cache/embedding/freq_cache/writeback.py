@@ -40,6 +40,7 @@ class WriteBack:
     event: Any  # recorded after that copy
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     known: Any = None  # the applier's host knowledge once it landed
+    error: BaseException | None = None  # why it did not land
 
 
 class WriteBacks:
@@ -50,6 +51,7 @@ class WriteBacks:
         self._entries: deque[WriteBack] = deque()  # in order; the newest not yet posted
         self._posted = 0  # entries handed to the applier (a prefix of _entries)
         self._next = 0  # the pending position of the next evicted row
+        self._failed: BaseException | None = None  # an entry that did not land
         self._applier = Planner(streams, streams.device, name="freq_cache-writeback")
         self.land_s = 0.0  # the applier's time: waits and scatters
 
@@ -74,12 +76,20 @@ class WriteBacks:
     def settle(self, keep: int) -> None:
         """Consume the landed entries, waiting for all but the ``keep`` newest (0: everything is
         in the host store on return)."""
+        if self._failed is not None:  # rows were lost: the host store stays unusable
+            raise self._failed
         if keep == 0:
             self._post(len(self._entries))
         while self._entries and (len(self._entries) > keep or self._entries[0].done.is_set()):
             wb = self._entries.popleft()
             self._posted -= 1
             self._applier.wait(wb.done)
+            if wb.error is not None:  # its rows are lost: nothing may read the store as if not
+                self._failed = RuntimeError(
+                    "freq_cache: rows written back from the device did not reach the host store"
+                )
+                self._failed.__cause__ = wb.error
+                raise self._failed
             self.streams.learn(wb.known)
             self.slots.written_back(wb.rows, wb.codes)
 
@@ -123,11 +133,16 @@ class WriteBacks:
             self._posted += 1
 
     def _land(self, wb: WriteBack) -> None:
-        """The applier: wait for the entry's copy, scatter it into the host store."""
+        """The applier: wait for the entry's copy, scatter it into the host store.  The entry is
+        done whatever happens (``settle`` raises its error): nobody waits for it forever."""
         t0 = time.perf_counter()
-        self.streams.host_wait(wb.event)
-        with self.streams.on_host():
-            self.store.scatter(wb.rows, wb.records.numpy())
-        wb.known = self.streams.host_knowledge()
-        self.land_s += time.perf_counter() - t0
-        wb.done.set()
+        try:
+            self.streams.host_wait(wb.event)
+            with self.streams.on_host():
+                self.store.scatter(wb.rows, wb.records.numpy())
+            wb.known = self.streams.host_knowledge()
+        except BaseException as e:
+            wb.error = e
+        finally:
+            self.land_s += time.perf_counter() - t0
+            wb.done.set()
