@@ -51,15 +51,11 @@ class OverflowPath:
         admit = p.policy.best(misses, k)
         victims = p.policy.choose(k)
         assert victims is not None  # nothing is pinned: every dynamic slot is free
-        wb_slots, wb_rows, evicted = p.slots.assign(victims, admit)
-        p.policy.admitted(victims, admit)
+        wb_slots, wb_rows = p.admit(victims, admit)
         sources = np.full(len(admit), -1)  # every write-back applied: all in the host store
         p.transfers.place(victims, admit, sources, wb_slots, wb_rows, None)
         p.transfers.sync()
         p.transfers.write_backs.settle(keep=0)
-        p.counters.add("evictions", evicted)
-        p.counters.add("rows_written_back", len(wb_rows))
-        p.counters.add("rows_loaded", k)
 
     def forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
         try:

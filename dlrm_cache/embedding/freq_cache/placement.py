@@ -168,9 +168,8 @@ class Placer:
         if victims is None:
             s.pin_add(hits, -1)
             return None
-        wb_slots, wb_rows, evicted = s.assign(victims, loads)
+        wb_slots, wb_rows = self.admit(victims, loads)
         s.dirty[victims[sources < -1]] = True  # newer than the host store until written back
-        self.policy.admitted(victims, loads)
         sd[miss] = victims[inverse]
         s.pin_add(sd[miss], 1)
         assert a.staged is not None  # analysed and not bad
@@ -186,10 +185,17 @@ class Placer:
         b.pinned, b.prepared = sd, True
         if b.train:
             self.mark_dirty(b)
+        return victims, loads, sources, wb_slots, wb_rows, a.staged
+
+    def admit(self, victims: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` (not resident) take the ``victims`` slots, for the slot table, the policy and
+        the counters; the dirty rows evicted, with their slots, are to be written back."""
+        wb_slots, wb_rows, evicted = self.slots.assign(victims, rows)
+        self.policy.admitted(victims, rows)
         self.counters.add("evictions", evicted)
         self.counters.add("rows_written_back", len(wb_rows))
-        self.counters.add("rows_loaded", len(loads))
-        return victims, loads, sources, wb_slots, wb_rows, a.staged
+        self.counters.add("rows_loaded", len(rows))
+        return wb_slots, wb_rows
 
     def release(self, b: WindowBatch) -> None:
         """``b`` no longer holds its slots (retired, or unprepared to make room)."""

@@ -10,10 +10,10 @@ batch is, on the *copy* stream (dlrm_cache/streams.py):
 2. a wait for the event recorded on the compute stream when batches were last retired (the
    backward that last updated a victim slot, and the steps of the batches it held, come first);
 3. the write-backs: one gather of the dirty victims' slots into a device buffer (per fbgemm
-   buffer: weights, optimizer state) and one device-to-host copy into a pinned buffer, whose event
-   the planner waits for before it scatters those rows into the host store -- two placements
-   later, so it waits for work issued long before.  A row needed again before that is loaded from
-   the write-back's device buffer (a device copy on the same stream), never waited for;
+   buffer: weights, optimizer state) and one device-to-host copy into a pinned buffer, which the
+   write-back thread scatters into the host store once the copy has landed (writeback.py).  A row
+   needed again before that is loaded from the write-back's device buffer (a device copy on the
+   same stream), never waited for;
 4. one scatter of the loaded records into the victim slots (per fbgemm buffer), then the batch's
    "rows ready" event, which the compute stream waits for before the batch's lookup.
 
@@ -192,13 +192,7 @@ class Transfers:
 
     def slot_records(self, slots: np.ndarray) -> torch.Tensor:
         """The records held in ``slots``, gathered on the device."""
-        idx = self.index(slots)
-        records = torch.empty((len(slots), self.store.record_cols), device=self.device)
-        torch.index_select(self.cache_w, 0, idx, out=records[:, : self.dim])
-        if self.cache_m is not None:
-            out = records[:, self.dim] if self.cache_m.dim() == 1 else records[:, self.dim :]
-            torch.index_select(self.cache_m, 0, idx, out=out)
-        return records
+        return self._gather(self.index(slots))
 
     def to_slots(self, slots: np.ndarray, records: torch.Tensor) -> None:
         self._scatter(self.index(slots), records)
@@ -241,19 +235,24 @@ class Transfers:
             state = records[:, self.dim :].reshape(-1, *self.cache_m.shape[1:])
             self.cache_m.index_copy_(0, slots, state)
 
+    def _gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """The records held in ``slots`` (device ids) in one device buffer: one ``index_select``
+        per fbgemm buffer, each into its columns."""
+        records = torch.empty((slots.numel(), self.store.record_cols), device=self.device)
+        torch.index_select(self.cache_w, 0, slots, out=records[:, : self.dim])
+        if self.cache_m is not None:
+            out = records[:, self.dim] if self.cache_m.dim() == 1 else records[:, self.dim :]
+            torch.index_select(self.cache_m, 0, slots, out=out)
+        return records
+
     def _write_back(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Gather ``slots`` (device ids) into one device record buffer and copy it into a pinned
         one, on the copy stream: both buffers and the copy's event, for ``WriteBacks.add`` (the
         applier scatters the pinned one into the host store once the copy has landed)."""
         st = self.streams
-        n, cols = slots.numel(), self.store.record_cols
-        records = torch.empty((n, cols), dtype=torch.float32, device=self.device)
-        torch.index_select(self.cache_w, 0, slots, out=records[:, : self.dim])
-        if self.cache_m is not None:
-            out = records[:, self.dim] if self.cache_m.dim() == 1 else records[:, self.dim :]
-            torch.index_select(self.cache_m, 0, slots, out=out)
+        records = self._gather(slots)
         with st.on_host():
-            host = st.pinned((n, cols), torch.float32)
+            host = st.pinned(tuple(records.shape), torch.float32)
         host.copy_(records, non_blocking=True)
         return records, host, st.record_event(st.copy)
 
