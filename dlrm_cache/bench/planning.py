@@ -84,6 +84,11 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
         counted = timed_end <= i < total
         if i == timed_end:
             stats = emb.take_stats()  # the timed batches' counters
+        if i == cfg.warmup:  # the timed batches start: their counters and clocks from here
+            emb.settle()
+            emb.reset_stats()
+            phase0 = {**phases, "gather": tr.gather_s, "issue": tr.issue_s}
+            land0 = tr.write_backs.land_s
         if i < total:
             kjt = host[i % len(host)].sparse
             sync(device)  # the previous batch's forward is not this placement's time
@@ -100,11 +105,6 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
             sync(device)
             t3 = time.perf_counter()
             window.append(kjt)
-            if i == cfg.warmup:
-                emb.reset_stats()
-                emb.settle()
-                phase0 = {**phases, "gather": tr.gather_s, "issue": tr.issue_s}
-                land0 = tr.write_backs.land_s
             if cfg.warmup <= i < timed_end:
                 t_an, t_cpu, t_copy = t_an + t1 - t, t_cpu + c2 - c1, t_copy + t3 - t2
                 t_host += (t2 - t1) - issue - inline
