@@ -179,8 +179,9 @@ class TrainConfig:
         None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     )
     overwrite: bool = False  # a run dir holding another run: delete that run's files and start anew
-    # stop when a step's loss is more than this many times the largest of the previous 1000 steps
-    # (0: off); a non-finite loss always stops the run
+    # stop when the mean loss of the last 1024 samples is more than this many times the larger of
+    # ln 2 and the largest such mean of the previous 1000 steps (0: off; train/guard.py); a
+    # non-finite loss always stops the run
     loss_spike_factor: float = checked(10.0, gt=1, also=(0.0,))
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)

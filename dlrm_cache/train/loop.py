@@ -73,7 +73,11 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     interval = StatsTotals()  # the cache's counters since the last train record
     # summed on the device: a .item() per step would make the host wait for every step
     loss_sum, loss_n = torch.zeros((), device=run.device), 0
-    guard, stop, first = LossGuard(cfg.loss_spike_factor, cfg.data.path), StopAgreement(info), step
+    guard, stop, first = (
+        LossGuard(cfg.loss_spike_factor, cfg.data.path, cfg.data.batch_size),
+        StopAgreement(info),
+        step,
+    )
     model.train()
     while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
