@@ -52,9 +52,13 @@ class DataConfig:
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
+# fbgemm's embedding kernels take rows of a multiple of 4 floats (every placement uses them)
+DIM_MULTIPLE = 4
+
+
 @dataclass
 class ModelConfig:
-    embedding_dim: int = checked(16, ge=1)
+    embedding_dim: int = checked(16, ge=1, multiple_of=DIM_MULTIPLE)
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256, 64], ge=1)
     top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)  # a final 1-unit layer is added
 
@@ -246,7 +250,7 @@ class BenchConfig:
     cardinality_scale: float = checked(
         0.01, gt=0
     )  # train/planning kinds: Criteo-Kaggle cardinalities times this
-    embedding_dim: int = checked(128, ge=1)
+    embedding_dim: int = checked(128, ge=1, multiple_of=DIM_MULTIPLE)
     batch_size: int = checked(2048, ge=1)
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)

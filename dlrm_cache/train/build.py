@@ -5,6 +5,7 @@ data streams and the run directory's log; and restoring a checkpoint into it."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..data.format import Manifest
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
-from ..model.dlrm import DLRM
+from ..model.dlrm import DLRM, dense_shapes
 from ..parallel.dist import DistInfo, agree_on_config
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
@@ -23,7 +24,7 @@ from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import evaluate
-from .optim import build_dense_optimizer
+from .optim import build_dense_optimizer, dense_state_floats
 from .step import set_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,43 @@ def check_host_memory(
             f"(x{copies} while they are initialized) and the placement's bookkeeping "
             f"{extra / 2**30:.2f} GiB, but {budget / 2**30:.2f} GiB of host memory are available; use more processes (torchrun shards the tables), a smaller "
             "model.embedding_dim, preprocess with hash_modulus, or set host_memory_gb if the estimate is wrong"
+        )
+
+
+def device_bytes(device: torch.device, local_ranks: int) -> float:
+    """Free memory where a rank's dense part lives: the GPU's, or the host's shared by its ranks."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    return available_host_bytes(local_ranks)
+
+
+def check_dense_memory(
+    cfg: DictConfig, manifest: Manifest, device: torch.device, info: DistInfo
+) -> None:
+    """Fail before allocating when the MLPs, their gradients and their optimizer state cannot fit
+    where they live (every rank holds all of them), naming the layer keys that hold the most."""
+    shapes = dense_shapes(
+        len(manifest.dense_names),
+        len(manifest.sparse_names),
+        cfg.model.embedding_dim,
+        list(cfg.model.bottom_mlp),
+        list(cfg.model.top_mlp),
+    )
+    per_key = {
+        key: sum(math.prod(s) for k, s in shapes.items() if k.startswith(part + "."))
+        for key, part in (("model.bottom_mlp", "dense_arch"), ("model.top_mlp", "over_arch"))
+    }
+    params = sum(math.prod(s) for s in shapes.values())
+    o = cfg.optim.dense
+    need = 4 * params * (2 + dense_state_floats(o.name, o.momentum))  # weight, gradient, state
+    have = device_bytes(device, info.local_world_size)
+    if need > have:
+        keys = [k for k, n in sorted(per_key.items(), key=lambda kv: -kv[1]) if n >= params / 10]
+        raise ValueError(
+            ", ".join(f"{k}={list(cfg[k.split('.')[0]][k.split('.')[1]])}" for k in keys)
+            + f": the dense layers' {params:,} parameters take {need / 2**30:.2f} GiB with their "
+            f"gradients and optim.dense.name={o.name} state, but {have / 2**30:.2f} GiB of "
+            f"{'GPU' if device.type == 'cuda' else 'host'} memory are available; use smaller layers"
         )
 
 
@@ -235,6 +273,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     data_path = Path(cfg.data.path)
     manifest = Manifest.load(data_path)
     manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    check_dense_memory(cfg, manifest, device, info)
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     claim_run_dir(
         run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg
