@@ -201,15 +201,18 @@ class Manifest:
             "sparse_names": self.sparse_names,
         }
 
-    def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> None:
+    def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> str:
         """Fail now, naming the file, if a shard a run will read is missing, cut short or another file.
 
         Reads each shard's parquet footer only (a few KiB; a truncated file has none): its row
         count and columns must be the manifest's.  Damage inside a shard that keeps its footer is
-        found when the shard is read.
+        found when the shard is read.  Returns a digest of the footers (their sizes, offsets and
+        per-column statistics): two copies of a dataset have the same, two datasets of the same
+        shape (whose manifests may agree) almost surely not.
         """
         import pyarrow.parquet as pq
 
+        digest = hashlib.sha256()
         columns = {LABEL, *self.dense_names, *self.sparse_names}
         for split in (s for s in splits if s in self.splits):
             info = self.splits[split]
@@ -221,6 +224,7 @@ class Manifest:
                     raise ValueError(
                         f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
                     ) from None
+                digest.update(json.dumps([rel, meta.to_dict()], default=str).encode())
                 missing = columns - set(meta.schema.names)
                 if meta.num_rows != rows or missing:
                     found = (
@@ -232,6 +236,7 @@ class Manifest:
                         f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
                         f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
                     )
+        return digest.hexdigest()
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike, **options: Any) -> None:

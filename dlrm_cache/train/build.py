@@ -8,16 +8,17 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.format import Manifest
+from ..data.format import Manifest, one_line
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dlrm import DLRM, dense_shapes
-from ..parallel.dist import DistInfo, agree_on_config
+from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
@@ -266,13 +267,31 @@ def make_stream(
     )
 
 
+def load_dataset(cfg: DictConfig, info: DistInfo) -> Manifest:
+    """``data.path``'s manifest, its shards checked; under torchrun every rank's the same
+    dataset (its identity and its shards' footers), or every rank fails naming data.path."""
+    data_path = Path(cfg.data.path)
+    splits = ["train", "val", "test"] if cfg.test else ["train", "val"]
+    try:
+        manifest = Manifest.load(data_path)
+        identity: dict[str, Any] | str = {
+            **manifest.identity(),
+            "shard_footers": manifest.check_shards(data_path, splits),
+        }
+    except (ValueError, OSError) as e:
+        if not info.distributed:
+            raise
+        identity = one_line(e)
+    agree_on_data(identity, "data.path", str(cfg.data.path), info)
+    return manifest
+
+
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
     run_dir = Path(agree_on_config(cfg, info))
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
-    manifest = Manifest.load(data_path)
-    manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    manifest = load_dataset(cfg, info)
     check_dense_memory(cfg, manifest, device, info)
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     claim_run_dir(
