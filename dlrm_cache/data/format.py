@@ -184,6 +184,20 @@ class Manifest:
                     return (
                         f"splits.{split}: shard {rel!r} is not a path inside the dataset directory"
                     )
+        # a shard is one split's, once: listed twice it is trained on twice as often, listed in
+        # two splits its rows are evaluated on after being trained on
+        seen: dict[str, str] = {}
+        for split, info in self.splits.items():
+            for rel in info.shards:
+                key = os.path.normpath(rel)
+                if key in seen:
+                    where = (
+                        f"twice in splits.{split}"
+                        if seen[key] == split
+                        else f"in splits.{seen[key]} and splits.{split}"
+                    )
+                    return f"shard {rel!r} is listed {where}"
+                seen[key] = split
         return None
 
     def identity(self) -> dict[str, Any]:
@@ -210,33 +224,38 @@ class Manifest:
         per-column statistics): two copies of a dataset have the same, two datasets of the same
         shape (whose manifests may agree) almost surely not.
         """
-        import pyarrow.parquet as pq
-
         digest = hashlib.sha256()
-        columns = {LABEL, *self.dense_names, *self.sparse_names}
         for split in (s for s in splits if s in self.splits):
             info = self.splits[split]
             for rel, rows in zip(info.shards, info.shard_rows):
-                path = Path(directory) / rel
-                try:
-                    meta = pq.read_metadata(path)
-                except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
-                    raise ValueError(
-                        f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
-                    ) from None
+                meta = self.check_shard(directory, rel, rows)
                 digest.update(json.dumps([rel, meta.to_dict()], default=str).encode())
-                missing = columns - set(meta.schema.names)
-                if meta.num_rows != rows or missing:
-                    found = (
-                        f"{meta.num_rows} rows"
-                        if not missing
-                        else f"no column {sorted(missing)[0]}"
-                    )
-                    raise ValueError(
-                        f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
-                        f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
-                    )
         return digest.hexdigest()
+
+    def check_shard(self, directory: str | os.PathLike, rel: str, rows: int) -> pq.FileMetaData:
+        """:meth:`check_shards` for the shard ``rel`` the manifest lists with ``rows`` rows: its
+        parquet footer."""
+        import pyarrow.parquet as pq
+
+        path = Path(directory) / rel
+        if path.exists() and not path.is_file():
+            raise ValueError(
+                f"{path}: unreadable shard (not a regular file); preprocess the data again"
+            )
+        try:
+            meta = pq.read_metadata(path)
+        except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
+            raise ValueError(
+                f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
+            ) from None
+        missing = {LABEL, *self.dense_names, *self.sparse_names} - set(meta.schema.names)
+        if meta.num_rows != rows or missing:
+            found = f"{meta.num_rows} rows" if not missing else f"no column {sorted(missing)[0]}"
+            raise ValueError(
+                f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
+                f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
+            )
+        return meta
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike, **options: Any) -> None:
