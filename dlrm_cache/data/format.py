@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,6 +112,7 @@ class Manifest:
     def load(cls, directory: str | os.PathLike, key: str = "data.path") -> Manifest:
         """``key``: the config key that named ``directory`` (the error for a missing manifest says it)."""
         path = Path(directory) / MANIFEST
+        check_regular(path)
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: no manifest; run `dlrm-cache preprocess` first (or point {key} at a "
@@ -238,10 +240,7 @@ class Manifest:
         import pyarrow.parquet as pq
 
         path = Path(directory) / rel
-        if path.exists() and not path.is_file():
-            raise ValueError(
-                f"{path}: unreadable shard (not a regular file); preprocess the data again"
-            )
+        check_regular(path)
         try:
             meta = pq.read_metadata(path)
         except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
@@ -275,6 +274,7 @@ def open_parquet(path: str | os.PathLike) -> pq.ParquetFile:
     and in the reads of the returned file, are turned into :class:`DataError` by :func:`read_errors`."""
     import pyarrow.parquet as pq
 
+    check_regular(path)
     with read_errors(path):
         return pq.ParquetFile(path, page_checksum_verification=True)
 
@@ -422,7 +422,22 @@ def resolve_path(path: str | os.PathLike, key: str) -> Path:
         raise ValueError(f"{key}={path}: cannot be resolved ({one_line(e)})") from None
 
 
+def check_regular(path: str | os.PathLike) -> None:
+    """Raise ValueError naming ``path`` when it is a FIFO, a device or a socket (through links):
+    reading one may wait forever for a writer or never end (``/dev/zero``), where a stop signal
+    that only sets a flag cannot end it.  A missing file or a directory is left to the read that
+    follows (its error names the file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise ValueError(f"{path}: {kind}, not a regular file; point it at the file itself")
+
+
 def sha256_file(path: str | os.PathLike) -> str:
+    check_regular(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while b := f.read(1 << 20):

@@ -20,6 +20,7 @@ import pyarrow as pa
 from .format import (
     MANIFEST,
     Manifest,
+    check_regular,
     one_line,
     read_parquet,
     sha256_file,
@@ -189,6 +190,7 @@ def read_checked(
             f"{d / MANIFEST}: records no statistics (stats_digest none); preprocess the data "
             "again to write them"
         )
+    check_regular(d / COUNTS)
     if not (d / COUNTS).is_file():
         raise FileNotFoundError(f"{d / COUNTS}: missing; preprocess the data again")
     if sha256_file(d / COUNTS) != manifest.stats_digest:
@@ -196,6 +198,7 @@ def read_checked(
             f"{d / COUNTS}: not the statistics {d / MANIFEST} was built with (its sha256 is not the "
             "manifest's stats_digest); preprocess the data again"
         )
+    check_regular(d / SUMMARY)
     try:
         summary = json.loads((d / SUMMARY).read_text())["features"]
         sizes = [int(summary[name]["table_size"]) for name in manifest.sparse_names]

@@ -26,6 +26,7 @@ from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoin
 from .claim import claim_run_dir
 from .evaluate import evaluate
 from .optim import build_dense_optimizer, dense_state_floats
+from .signals import StopAgreement
 from .step import set_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,9 @@ class TrainingRun:
     log: JsonlLog
     resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
     owned: list[Shard] | None = None  # this rank's embedding shards, which its loader keeps
+    # asked after every step and evaluation batch: the stop signal all ranks agree on (set by the
+    # training loop, which closes it)
+    stop: StopAgreement | None = None
 
     def checkpoint(self, step: int) -> None:
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
@@ -228,6 +232,7 @@ class TrainingRun:
             self.cfg.eval_batches,
             self.cfg.data.prefetch_batches,
             self.embeddings,
+            self.stop.requested if self.stop is not None else None,
         )
         self.log.write(EVAL, step=step, split=split, **result)
         return result

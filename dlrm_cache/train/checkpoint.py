@@ -36,6 +36,7 @@ from ..data.format import (
     Manifest,
     WriteError,
     atomic_write_text,
+    check_regular,
     fsync_path,
     one_line,
     recover_dir,
@@ -214,6 +215,7 @@ def find_checkpoint(resume: str) -> Path:
 def load_data(path: Path, mmap: bool = False) -> Any:
     """``torch.load`` of tensors and plain containers only: a file that would build any other
     object (and so could run code) is refused, as is a damaged one, with one line naming it."""
+    check_regular(path)
     try:
         with warnings.catch_warnings():
             # a foreign pickle protocol: refused below or harmless, not worth a warning
@@ -295,6 +297,7 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         meta_path = self.path / META
+        check_regular(meta_path)
         try:
             self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         except ValueError as e:
