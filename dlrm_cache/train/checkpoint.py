@@ -31,8 +31,6 @@ from omegaconf import DictConfig
 
 from ..config import config_dict, flatten
 from ..data.format import (
-    DENSE_NAMES,
-    SPARSE_NAMES,
     Manifest,
     WriteError,
     atomic_write_text,
@@ -42,10 +40,9 @@ from ..data.format import (
     recover_dir,
     replace_dir,
 )
-from ..embedding.base import SparseOptim
-from ..model.dlrm import dense_shapes, dense_state_problem
 from ..parallel.placement import parse_key
 from ..rundir import CKPT_DIR
+from .recorded import RecordedModel
 
 META = "meta.json"
 DENSE = "dense.pt"
@@ -326,78 +323,30 @@ class Checkpoint:
                 )
         self.dense: dict[str, Any] = load_data(self.path / DENSE)
         self.config: dict[str, Any] = self.meta["config"]
-        self._check_dense()
-
-    def _model(self) -> tuple[dict[str, Any], dict[str, int], SparseOptim] | None:
-        """What meta.json records of the model: its config (flattened), the table sizes by name
-        and the sparse optimizer; None where it records none (the callers refuse such a
-        checkpoint, naming what is missing)."""
-        config, dataset = flatten(self.config), self.meta["dataset"]
-        keys = ("model.embedding_dim", "model.bottom_mlp", "model.top_mlp", "optim.sparse.name")
-        if any(k not in config for k in keys) or "table_sizes" not in dataset:
-            return None
-        sizes = dataset["table_sizes"]
-        names = dataset.get("sparse_names", SPARSE_NAMES[: len(sizes)])
         try:
-            return config, dict(zip(names, sizes, strict=True)), SparseOptim(config[keys[3]])
-        except (TypeError, ValueError) as e:
-            raise ValueError(
-                f"{self.path / META}: its config or dataset is not a model's ({one_line(e)}); "
-                "resume from another checkpoint"
-            ) from None
-
-    def _check_dense(self) -> None:
-        """dense.pt's model against the one its config describes, before anything loads it."""
-        model = self._model()
-        if model is None or not isinstance(self.dense, dict) or "model" not in self.dense:
-            return
-        config, sizes, _ = model
-        dense_names = self.meta["dataset"].get("dense_names", DENSE_NAMES)
-        try:
-            shapes = dense_shapes(
-                len(dense_names),
-                len(sizes),
-                config["model.embedding_dim"],
-                list(config["model.bottom_mlp"]),
-                list(config["model.top_mlp"]),
-            )
-        except (TypeError, ValueError) as e:
-            raise ValueError(
-                f"{self.path / META}: its config is not a model's ({one_line(e)}); "
-                "resume from another checkpoint"
-            ) from None
-        problem = dense_state_problem(self.dense["model"], shapes)
+            self.model = RecordedModel.of(self.meta)
+        except ValueError as e:
+            raise ValueError(f"{meta_path}: {e}; resume from another checkpoint") from None
+        problem = (
+            self.model.dense_problem(self.dense["model"])
+            if self.model is not None and isinstance(self.dense, dict) and "model" in self.dense
+            else None
+        )
         if problem is not None:
             raise ValueError(
-                f"{self.path / DENSE}: not the model {self.path / META} describes ({problem}); "
+                f"{self.path / DENSE}: not the model {meta_path} describes ({problem}); "
                 "resume from another checkpoint"
             )
 
     def table_problem(self, key: str, value: Any) -> str | None:
-        """What is wrong with entry ``key`` of a tables file, against the shapes meta.json's
-        table sizes, embedding_dim and sparse optimizer make it; None if it is right."""
-        if not isinstance(value, torch.Tensor):
-            return f"holds no tensor {key} though {META} says so"
-        model = self._model()
-        if model is None:
-            return None
-        config, sizes, optim = model
-        table, lo, hi, field = parse_key(key)
-        rows = sizes.get(table)
-        if rows is None:
-            return f"holds {key}, a table {META}'s dataset does not have"
-        lo, hi = lo or 0, rows if hi is None else hi
-        if not 0 <= lo < hi <= rows:
-            return f"holds {key}, rows outside the table's {rows}"
-        want = optim.field_shapes(hi - lo, int(config["model.embedding_dim"])).get(field)
-        if want is None:
-            return f"holds {key}, an entry optim.sparse.name={optim.name} does not have"
-        if tuple(value.shape) != want or value.dtype != torch.float32:
+        """:meth:`RecordedModel.table_problem`, where the checkpoint records a model."""
+        if self.model is None:
             return (
-                f"{key} is {_dtype(value)} {list(value.shape)} but {META} makes it float32 "
-                f"{list(want)}"
+                None
+                if isinstance(value, torch.Tensor)
+                else f"holds no tensor {key} though {META} says so"
             )
-        return None
+        return self.model.table_problem(key, value)
 
     def check_tables(self) -> None:
         """Every entry of every tables file against :meth:`table_problem` (memory-mapped: only
@@ -511,10 +460,6 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
             + "; resume with the same values, or start a new run"
         )
     return ckpt
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def _pick(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
