@@ -78,6 +78,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     stop = run.stop = StopAgreement(info)
     saved = -1  # the step of the newest checkpoint this loop wrote
     model.train()
+    stop.settle()  # a signal while the run was built: no step, nothing new to save
     while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
         with Pipeline(

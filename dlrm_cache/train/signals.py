@@ -96,6 +96,20 @@ class StopAgreement:
         self.signum = agreed or None
         return self.signum
 
+    def settle(self) -> int | None:
+        """``requested()``, answered now (one blocking exchange): before the first step, so a
+        signal received while the run was being built stops it before any step is done."""
+        if self.signum is None:
+            mine = _received[0] if _received else 0
+            agreed = self._collect()
+            if self._group is not None:
+                with self._host():
+                    flag = torch.tensor([mine], dtype=torch.int64)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+                    mine = int(flag.item())
+            self.signum = (agreed or mine) or None
+        return self.signum
+
     def _collect(self) -> int:
         if self._pending is None:
             return 0
