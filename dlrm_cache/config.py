@@ -52,9 +52,13 @@ class DataConfig:
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
+# fbgemm's embedding kernels take rows of a multiple of 4 floats (every placement uses them)
+DIM_MULTIPLE = 4
+
+
 @dataclass
 class ModelConfig:
-    embedding_dim: int = checked(16, ge=1)
+    embedding_dim: int = checked(16, ge=1, multiple_of=DIM_MULTIPLE)
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256, 64], ge=1)
     top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)  # a final 1-unit layer is added
 
@@ -179,8 +183,9 @@ class TrainConfig:
         None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     )
     overwrite: bool = False  # a run dir holding another run: delete that run's files and start anew
-    # stop when a step's loss is more than this many times the largest of the previous 1000 steps
-    # (0: off); a non-finite loss always stops the run
+    # stop when the mean loss of the last 1024 samples is more than this many times the larger of
+    # ln 2 and the largest such mean of the previous 1000 steps (0: off; train/guard.py); a
+    # non-finite loss always stops the run
     loss_spike_factor: float = checked(10.0, gt=1, also=(0.0,))
     run_dir: str = MISSING  # set in train.yaml; every rank of a torchrun job agrees on it
     progress: bool = True  # tqdm progress bar (rank 0 only)
@@ -245,7 +250,7 @@ class BenchConfig:
     cardinality_scale: float = checked(
         0.01, gt=0
     )  # train/planning kinds: Criteo-Kaggle cardinalities times this
-    embedding_dim: int = checked(128, ge=1)
+    embedding_dim: int = checked(128, ge=1, multiple_of=DIM_MULTIPLE)
     batch_size: int = checked(2048, ge=1)
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)

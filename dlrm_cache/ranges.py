@@ -52,6 +52,7 @@ class Range:
     also: tuple[Any, ...] = ()  # special values allowed outside the range, e.g. -1 for "all"
     pattern: str | None = None  # strings: a full match of this regex
     nonempty: bool = False  # lists: at least one element
+    multiple_of: int | None = None  # integers: a multiple of this
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not allowed, or None."""
@@ -78,6 +79,8 @@ class Range:
             )
             if b is not None
         ]
+        if self.multiple_of and isinstance(value, int) and value % self.multiple_of:
+            return f"must be a multiple of {self.multiple_of}"
         if all(cmp(value, b) for _, cmp, b in bounds):
             return None
         need = " and ".join(f"{op} {b:g}" for op, _, b in bounds)

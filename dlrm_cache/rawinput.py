@@ -16,21 +16,19 @@ field counts.  Only the line length limit counts the 2 added bytes.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 # The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
 from .data import criteo
-from .data.format import MANIFEST, SPARSE_NAMES, Manifest, one_line, sha256_file
+from .data.format import Manifest, one_line
 from .data.preprocess.badlines import BadLineLog
 from .data.preprocess.parse import bad_part, hash_ids
-from .data.stats import COUNTS, SUMMARY, FeatureStats
+from .data.stats import FeatureStats, load_feature_stats
 
 LABELLED = criteo.NUM_FIELDS  # label, I1..I13, C1..C26
 UNLABELLED = criteo.NUM_FIELDS - 1  # Kaggle's test.txt
@@ -91,50 +89,6 @@ class IdMapper:
         for j, lookup in enumerate(self.lookups):
             rows[j] = lookup(ids[j])
         return rows
-
-
-def load_feature_stats(dataset: Path, manifest: Manifest) -> list[FeatureStats]:
-    """Each feature's kept ids in row order (C1..C26), from the stats the manifest names."""
-    counts_path = dataset / COUNTS
-    if not counts_path.is_file():
-        raise FileNotFoundError(
-            f"{counts_path}: missing; raw lines are mapped through the dataset's "
-            "statistics (preprocess the data again)"
-        )
-    if sha256_file(counts_path) != manifest.stats_digest:
-        raise ValueError(
-            f"{counts_path}: not the statistics {dataset / MANIFEST} was built with "
-            "(its sha256 is not the manifest's stats_digest); preprocess the data again"
-        )
-    try:
-        summary = json.loads((dataset / SUMMARY).read_text())["features"]
-        sizes = [int(summary[name]["table_size"]) for name in SPARSE_NAMES]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(
-            f"{dataset / SUMMARY}: not a statistics summary ({one_line(e)}); "
-            "preprocess the data again"
-        ) from None
-    if sizes != list(manifest.table_sizes):
-        raise ValueError(
-            f"{dataset / SUMMARY}: table sizes {sizes} are not the manifest's "
-            f"{manifest.table_sizes}; preprocess the data again"
-        )
-    table = pq.read_table(counts_path, columns=["id", "count"])
-    ids, counts = table.column("id").to_numpy(), table.column("count").to_numpy()
-    bounds = np.cumsum(
-        [0, *(s - 1 for s in sizes)]
-    )  # kept ids per feature, stored in C1..C26 order
-    if bounds[-1] != len(ids):
-        raise ValueError(f"{counts_path}: {len(ids)} rows but {SUMMARY} says {bounds[-1]}")
-    return [
-        FeatureStats(
-            ids[bounds[j] : bounds[j + 1]],
-            counts[bounds[j] : bounds[j + 1]],
-            int(summary[name]["rare_count"]),
-            int(summary[name]["rare_ids_folded"]),
-        )
-        for j, name in enumerate(SPARSE_NAMES)
-    ]
 
 
 def detect_width(path: Path) -> int:

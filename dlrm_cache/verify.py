@@ -1,10 +1,15 @@
-"""`dlrm-cache verify DATASET`: read every file of a dataset and check it against its manifest.
+"""`dlrm-cache verify DATASET`: read every file of a dataset and check it as every command that
+reads it would, and more.
 
-Per shard: every page against its CRC32 (written by every dlrm-cache writer, see data/format.py),
-the row count and columns the manifest records, labels 0 or 1, dense values finite, every id
-inside its table.  The statistics: the sha256 the manifest records, every page's CRC.  Each bad
-file is one line naming it; the command fails (exit 1) if there was any.  Reads the whole
-dataset once, a shard at a time (memory: one shard).
+What `train`, `predict` and `export` check is checked here by the same functions: the manifest
+(:meth:`Manifest.load`: its fields, no shard listed twice or in two splits), every shard's footer
+against it (:meth:`Manifest.check_shard`: a regular file, its rows and columns), every id inside
+its table (:func:`~dlrm_cache.data.loader.check_ids`), the statistics (:func:`read_checked`: the
+file the manifest's digest names, table sizes the manifest's, a row per kept id).  And more:
+every page against its CRC32, labels 0 or 1, dense values finite, the statistics' rows in rank
+order, statistics beside a manifest that records none.  Each bad file is one line naming it; the
+command fails (exit 1) if there was any.  Reads the whole dataset once, a shard at a time
+(memory: one shard).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any
 import numpy as np
 from omegaconf import MISSING, OmegaConf
 
-from .data.format import LABEL, MANIFEST, Manifest, one_line, read_parquet, sha256_file
+from .data.format import LABEL, MANIFEST, Manifest, one_line, read_parquet
+from .data.loader import check_ids
+from .data.stats import COUNTS, SUMMARY, check_stats
 
 
 @dataclass
@@ -32,43 +39,33 @@ class VerifyFailed(ValueError):
 
 def check_shard(root: Path, rel: str, rows: int, manifest: Manifest) -> int:
     """Raise ValueError naming ``root/rel`` for the first thing wrong with it; its rows."""
+    manifest.check_shard(root, rel, rows)  # train's and predict's footer check
     path = root / rel
     table = read_parquet(path)  # every page verified
-    manifest_path = root / MANIFEST
-    missing = [
-        c
-        for c in (LABEL, *manifest.dense_names, *manifest.sparse_names)
-        if c not in table.column_names
-    ]
-    if missing:
-        raise ValueError(f"{path}: no column {missing[0]} ({manifest_path} lists it)")
-    if table.num_rows != rows:
-        raise ValueError(f"{path}: {table.num_rows} rows but {manifest_path} says {rows}")
+    check_ids(table, path, manifest.sparse_names, manifest.table_sizes)  # as the loader does
     labels = table.column(LABEL).to_numpy()
     if not np.isin(labels, (0.0, 1.0)).all():
         raise ValueError(f"{path}: column {LABEL} holds values other than 0 and 1")
     for name in manifest.dense_names:
         if not np.isfinite(table.column(name).to_numpy()).all():
             raise ValueError(f"{path}: column {name} holds non-finite values")
-    for name, size in zip(manifest.sparse_names, manifest.table_sizes):
-        ids = table.column(name).to_numpy()
-        if len(ids) and (ids.min() < 0 or ids.max() >= size):
-            bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise ValueError(
-                f"{path}: column {name} holds id {bad}, outside [0, {size}) ({manifest_path})"
-            )
     return rows
 
 
-def check_stats(root: Path, manifest: Manifest) -> None:
-    from .data.stats import COUNTS
-
-    counts = root / COUNTS
-    if manifest.stats_digest == "none":  # a dataset written without statistics
-        return
-    if sha256_file(counts) != manifest.stats_digest:
-        raise ValueError(f"{counts}: its sha256 is not the stats_digest of {root / MANIFEST}")
-    read_parquet(counts)
+def check_statistics(root: Path, manifest: Manifest) -> bool:
+    """Raise ValueError naming the file for what is wrong with the statistics; whether there are
+    any (a dataset written without them trains on every placement but freq_cache)."""
+    if manifest.stats_digest == "none":
+        present = [root / p for p in (COUNTS, SUMMARY) if (root / p).exists()]
+        if present:
+            raise ValueError(
+                f"{present[0]}: present, but {root / MANIFEST} records no statistics "
+                "(stats_digest none): written or replaced after the dataset? the freq_cache "
+                "placement and predict on raw lines refuse them; preprocess the data again"
+            )
+        return False
+    check_stats(root, manifest)
+    return True
 
 
 def verify(cfg: VerifyConfig | Any) -> None:
@@ -94,8 +91,9 @@ def verify(cfg: VerifyConfig | Any) -> None:
         if cfg.progress:
             print(f"{what}: {len(shards)} files, {done:,} rows read", file=sys.stderr)
     files += 1
+    stats = True
     try:
-        check_stats(root, manifest)
+        stats = check_statistics(root, manifest)
     except (ValueError, OSError) as e:
         bad += 1
         print(f"dlrm-cache verify: {one_line(e)}", file=sys.stderr)
@@ -103,4 +101,7 @@ def verify(cfg: VerifyConfig | Any) -> None:
         raise VerifyFailed(
             f"{root}: {bad} of {files} files damaged or not as {MANIFEST} says (listed above)"
         )
-    print(f"{root}: ok: {files} files, {total:,} rows, every page checksum and the manifest agree")
+    print(
+        f"{root}: ok: {files} files, {total:,} rows, every page checksum and the manifest agree"
+        + ("" if stats else " (no statistics: the freq_cache placement needs them)")
+    )

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,6 +112,7 @@ class Manifest:
     def load(cls, directory: str | os.PathLike, key: str = "data.path") -> Manifest:
         """``key``: the config key that named ``directory`` (the error for a missing manifest says it)."""
         path = Path(directory) / MANIFEST
+        check_regular(path)
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: no manifest; run `dlrm-cache preprocess` first (or point {key} at a "
@@ -184,6 +186,20 @@ class Manifest:
                     return (
                         f"splits.{split}: shard {rel!r} is not a path inside the dataset directory"
                     )
+        # a shard is one split's, once: listed twice it is trained on twice as often, listed in
+        # two splits its rows are evaluated on after being trained on
+        seen: dict[str, str] = {}
+        for split, info in self.splits.items():
+            for rel in info.shards:
+                key = os.path.normpath(rel)
+                if key in seen:
+                    where = (
+                        f"twice in splits.{split}"
+                        if seen[key] == split
+                        else f"in splits.{seen[key]} and splits.{split}"
+                    )
+                    return f"shard {rel!r} is listed {where}"
+                seen[key] = split
         return None
 
     def identity(self) -> dict[str, Any]:
@@ -201,37 +217,44 @@ class Manifest:
             "sparse_names": self.sparse_names,
         }
 
-    def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> None:
+    def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> str:
         """Fail now, naming the file, if a shard a run will read is missing, cut short or another file.
 
         Reads each shard's parquet footer only (a few KiB; a truncated file has none): its row
         count and columns must be the manifest's.  Damage inside a shard that keeps its footer is
-        found when the shard is read.
+        found when the shard is read.  Returns a digest of the footers (their sizes, offsets and
+        per-column statistics): two copies of a dataset have the same, two datasets of the same
+        shape (whose manifests may agree) almost surely not.
         """
-        import pyarrow.parquet as pq
-
-        columns = {LABEL, *self.dense_names, *self.sparse_names}
+        digest = hashlib.sha256()
         for split in (s for s in splits if s in self.splits):
             info = self.splits[split]
             for rel, rows in zip(info.shards, info.shard_rows):
-                path = Path(directory) / rel
-                try:
-                    meta = pq.read_metadata(path)
-                except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
-                    raise ValueError(
-                        f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
-                    ) from None
-                missing = columns - set(meta.schema.names)
-                if meta.num_rows != rows or missing:
-                    found = (
-                        f"{meta.num_rows} rows"
-                        if not missing
-                        else f"no column {sorted(missing)[0]}"
-                    )
-                    raise ValueError(
-                        f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
-                        f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
-                    )
+                meta = self.check_shard(directory, rel, rows)
+                digest.update(json.dumps([rel, meta.to_dict()], default=str).encode())
+        return digest.hexdigest()
+
+    def check_shard(self, directory: str | os.PathLike, rel: str, rows: int) -> pq.FileMetaData:
+        """:meth:`check_shards` for the shard ``rel`` the manifest lists with ``rows`` rows: its
+        parquet footer."""
+        import pyarrow.parquet as pq
+
+        path = Path(directory) / rel
+        check_regular(path)
+        try:
+            meta = pq.read_metadata(path)
+        except (OSError, ValueError) as e:  # missing, unreadable, or no parquet footer
+            raise ValueError(
+                f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
+            ) from None
+        missing = {LABEL, *self.dense_names, *self.sparse_names} - set(meta.schema.names)
+        if meta.num_rows != rows or missing:
+            found = f"{meta.num_rows} rows" if not missing else f"no column {sorted(missing)[0]}"
+            raise ValueError(
+                f"{path}: {found} but {Path(directory) / MANIFEST} says {rows} rows of "
+                f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
+            )
+        return meta
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike, **options: Any) -> None:
@@ -251,6 +274,7 @@ def open_parquet(path: str | os.PathLike) -> pq.ParquetFile:
     and in the reads of the returned file, are turned into :class:`DataError` by :func:`read_errors`."""
     import pyarrow.parquet as pq
 
+    check_regular(path)
     with read_errors(path):
         return pq.ParquetFile(path, page_checksum_verification=True)
 
@@ -398,7 +422,22 @@ def resolve_path(path: str | os.PathLike, key: str) -> Path:
         raise ValueError(f"{key}={path}: cannot be resolved ({one_line(e)})") from None
 
 
+def check_regular(path: str | os.PathLike) -> None:
+    """Raise ValueError naming ``path`` when it is a FIFO, a device or a socket (through links):
+    reading one may wait forever for a writer or never end (``/dev/zero``), where a stop signal
+    that only sets a flag cannot end it.  A missing file or a directory is left to the read that
+    follows (its error names the file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise ValueError(f"{path}: {kind}, not a regular file; point it at the file itself")
+
+
 def sha256_file(path: str | os.PathLike) -> str:
+    check_regular(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while b := f.read(1 << 20):

@@ -244,27 +244,11 @@ class ShardStream:
                     )  # a whole column stays in cache; per batch it would not
             return out
 
-        self._check_id_values(table, path)
+        check_ids(table, path, self.keys, self.table_sizes)
         ids = gather(self.keys, np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64))
         dense = gather(self.dense_names, np.dtype(np.float32))
         labels = gather([LABEL], np.dtype(np.float32))[0]
         return _Columns(labels, dense, ids, self.info.shards[idx]).rows(skip, n)
-
-    def _check_id_values(self, table: pa.Table, path: Path) -> None:
-        """Every id inside its table, from the values as stored (statistics can lie; a cast to
-        int32 could wrap): checked here, before any placement sees them, so the error names the
-        shard under every placement."""
-        if table.num_rows == 0:
-            return
-        for j, name in enumerate(self.keys):
-            low, high = pc.min_max(table.column(name)).values()
-            low, high = low.as_py(), high.as_py()
-            if low is None or low < 0 or high >= self.table_sizes[j]:
-                bad = low if low is None or low < 0 else high
-                raise ValueError(
-                    f"{path}: column {name} holds ids outside [0, {self.table_sizes[j]}) "
-                    f"(id {bad}: shard and manifest do not match; preprocess again)"
-                )
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """This rank's part of global batches ``start, start+1, ...`` of ``epoch``.
@@ -337,6 +321,23 @@ class ShardStream:
             np.copyto(ids.numpy()[:, at : at + len(p)], p.ids)
             at += len(p)
         return self.one_id.batch(dense, ids, labels)
+
+
+def check_ids(table: pa.Table, path: Path, names: list[str], sizes: list[int]) -> None:
+    """Every id of columns ``names`` inside its table of ``sizes`` rows, from the values as stored
+    (statistics can lie; a cast to int32 could wrap): checked as a shard is read, before any
+    placement sees them, so the error names the shard under every placement."""
+    if table.num_rows == 0:
+        return
+    for name, size in zip(names, sizes):
+        low, high = pc.min_max(table.column(name)).values()
+        low, high = low.as_py(), high.as_py()
+        if low is None or low < 0 or high >= size:
+            bad = low if low is None or low < 0 else high
+            raise ValueError(
+                f"{path}: column {name} holds ids outside [0, {size}) "
+                f"(id {bad}: shard and manifest do not match; preprocess again)"
+            )
 
 
 def _sourced(

@@ -12,14 +12,15 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .format import (
     MANIFEST,
-    SPARSE_NAMES,
     Manifest,
+    check_regular,
     one_line,
     read_parquet,
     sha256_file,
@@ -174,34 +175,92 @@ def write_counts(path: Path, features: dict[str, FeatureStats]) -> None:
     os.replace(tmp, path)
 
 
-def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Per feature (C1..C26): training counts in row (rank) order, the rare row's count last.
-
-    ``len(result[f])`` equals the feature's table size in the manifest, and the file read is the
-    one the manifest was built with (its ``stats_digest``).
-    """
+def read_checked(
+    dataset_dir: str | os.PathLike, manifest: Manifest, columns: list[str]
+) -> tuple[dict[str, Any], pa.Table, np.ndarray]:
+    """The statistics ``manifest`` was built with, checked as every reader of them needs: the
+    manifest records some, ``stats/counts.parquet`` is the file its ``stats_digest`` names (every
+    page's CRC verified as ``columns`` are read), ``stats/summary.json`` gives every table the size
+    the manifest does, and the counts hold one row per kept id.  Returns the summary's features,
+    the columns read and the bounds: table j's kept ids are rows ``bounds[j]:bounds[j+1]``
+    (stored in table order, ``table_size - 1`` each: the rare row is not listed)."""
     d = Path(dataset_dir)
-    manifest = Manifest.load(d)
+    if manifest.stats_digest == "none":
+        raise ValueError(
+            f"{d / MANIFEST}: records no statistics (stats_digest none); preprocess the data "
+            "again to write them"
+        )
+    check_regular(d / COUNTS)
+    if not (d / COUNTS).is_file():
+        raise FileNotFoundError(f"{d / COUNTS}: missing; preprocess the data again")
     if sha256_file(d / COUNTS) != manifest.stats_digest:
         raise ValueError(
             f"{d / COUNTS}: not the statistics {d / MANIFEST} was built with (its sha256 is not the "
             "manifest's stats_digest); preprocess the data again"
         )
+    check_regular(d / SUMMARY)
     try:
         summary = json.loads((d / SUMMARY).read_text())["features"]
-    except (ValueError, KeyError, TypeError) as e:
+        sizes = [int(summary[name]["table_size"]) for name in manifest.sparse_names]
+        for name in manifest.sparse_names:
+            for key in ("rare_count", "rare_ids_folded"):
+                int(summary[name][key])  # an integer, or the error below
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(
             f"{d / SUMMARY}: not a statistics summary ({one_line(e)}); preprocess the data again"
         ) from None
-    counts = read_parquet(d / COUNTS, columns=["count"]).column("count").to_numpy()
-    # Features are stored in C1..C26 order with table_size - 1 kept ids each: slice, don't search.
-    sizes = [summary[name]["table_size"] - 1 for name in SPARSE_NAMES]
-    if sum(sizes) != len(counts):
-        raise ValueError(f"{d / COUNTS}: {len(counts)} rows but {SUMMARY} says {sum(sizes)}")
-    bounds = np.cumsum([0, *sizes])
+    if sizes != list(manifest.table_sizes):
+        raise ValueError(
+            f"{d / SUMMARY}: table sizes {sizes} are not the table_sizes of {d / MANIFEST} "
+            f"{manifest.table_sizes}; preprocess the data again"
+        )
+    table = read_parquet(d / COUNTS, columns=columns)
+    bounds = np.cumsum([0, *(s - 1 for s in sizes)])
+    if bounds[-1] != table.num_rows:
+        raise ValueError(f"{d / COUNTS}: {table.num_rows} rows but {SUMMARY} says {bounds[-1]}")
+    return summary, table, bounds
+
+
+def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Per table (the manifest's sparse names): training counts in row (rank) order, the rare
+    row's count last; ``len(result[f])`` is the table's size (checked by :func:`read_checked`)."""
+    manifest = Manifest.load(dataset_dir)
+    summary, table, bounds = read_checked(dataset_dir, manifest, ["count"])
+    counts = table.column("count").to_numpy()
     return {
         name: np.append(counts[bounds[j] : bounds[j + 1]], summary[name]["rare_count"]).astype(
             np.int64
         )
-        for j, name in enumerate(SPARSE_NAMES)
+        for j, name in enumerate(manifest.sparse_names)
     }
+
+
+def load_feature_stats(dataset_dir: str | os.PathLike, manifest: Manifest) -> list[FeatureStats]:
+    """Each table's kept ids in row order with their counts (the manifest's sparse names), checked
+    by :func:`read_checked`."""
+    summary, table, bounds = read_checked(dataset_dir, manifest, ["id", "count"])
+    ids, counts = table.column("id").to_numpy(), table.column("count").to_numpy()
+    return [
+        FeatureStats(
+            ids[bounds[j] : bounds[j + 1]],
+            counts[bounds[j] : bounds[j + 1]],
+            int(summary[name]["rare_count"]),
+            int(summary[name]["rare_ids_folded"]),
+        )
+        for j, name in enumerate(manifest.sparse_names)
+    ]
+
+
+def check_stats(dataset_dir: str | os.PathLike, manifest: Manifest) -> None:
+    """Everything :func:`read_checked` checks, over every column, and more: each row's feature is
+    the table its position gives it, and its ids are distinct and ranked by count."""
+    d = Path(dataset_dir)
+    _, table, bounds = read_checked(d, manifest, ["feature", "id", "count"])
+    feature = table.column("feature").to_numpy(zero_copy_only=False)
+    ids, counts = table.column("id").to_numpy(), table.column("count").to_numpy()
+    for j, name in enumerate(manifest.sparse_names):
+        lo, hi = bounds[j], bounds[j + 1]
+        if (feature[lo:hi] != name).any():
+            raise ValueError(f"{d / COUNTS}: rows {lo}..{hi - 1} are not all of table {name}")
+        if len(np.unique(ids[lo:hi])) != hi - lo or (np.diff(counts[lo:hi]) > 0).any():
+            raise ValueError(f"{d / COUNTS}: table {name}'s ids are repeated or not in count order")

@@ -56,6 +56,14 @@ class SparseOptim:
         """Optimizer floats stored per row of a table of dimension ``dim``."""
         return {0: 0, 1: 1, -1: dim}[self.state_per_row]
 
+    def field_shapes(self, rows: int, dim: int) -> dict[str, tuple[int, ...]]:
+        """The exported entries of ``rows`` rows of a table of ``dim`` (``<table>.<field>``, see
+        :meth:`EmbeddingBackend.export_tables`): the rows, and their optimizer state if any."""
+        shapes: dict[str, tuple[int, ...]] = {"weight": (rows, dim)}
+        if self.state_per_row:
+            shapes["momentum1"] = (rows,) if self.state_per_row == 1 else (rows, dim)
+        return shapes
+
     def row_bytes(self, dim: int) -> int:
         """Bytes of one fp32 row of ``dim`` plus its optimizer state (what is stored and moved)."""
         return 4 * (dim + self.state_floats(dim))

@@ -67,16 +67,12 @@ class DLRM(nn.Module):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        check_model_shape(embedding_dim, bottom_mlp, top_mlp)
         num_sparse = len(embeddings.feature_names)
         self.embeddings = embeddings
         self.num_sparse = num_sparse
         self.embedding_dim = embedding_dim
-        # The bottom MLP must end in the embedding dim: its output joins the dot interaction.
-        self.dense_arch = DenseArch(num_dense, list(bottom_mlp) + [embedding_dim], device=device)
-        self.inter_arch = DotInteraction(num_sparse, device=device)
-        over_in = embedding_dim + (num_sparse + 1) * num_sparse // 2
-        self.over_arch = OverArch(over_in, list(top_mlp) + [1], device=device)
+        parts = dense_parts(num_dense, num_sparse, embedding_dim, bottom_mlp, top_mlp, device)
+        self.dense_arch, self.inter_arch, self.over_arch = (parts[p] for p in DENSE_PARTS)
         self.precision = precision
         # Training batches have one shape (drop_last), so the graph is specialised to it
         # (dynamic=False); evaluation batches vary in size and run eagerly rather than recompile.
@@ -105,22 +101,76 @@ class DLRM(nn.Module):
         """Everything the dense optimizer owns (embedding rows are updated inside fbgemm)."""
         return self.parameters()
 
-    DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
-
     def dense_state_dict(self) -> dict[str, torch.Tensor]:
         """The MLPs only: embedding tables are checkpointed per owner (see train/checkpoint.py)."""
         return {
             f"{part}.{k}": v
-            for part in self.DENSE_PARTS
+            for part in DENSE_PARTS
             for k, v in getattr(self, part).state_dict().items()
         }
 
     def load_dense_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for part in self.DENSE_PARTS:
+        """``state`` as :meth:`dense_state_dict` gives it (a checkpoint's is checked against its
+        config when it is opened: :func:`dense_state_problem`)."""
+        for part in DENSE_PARTS:
             prefix = part + "."
             getattr(self, part).load_state_dict(
                 {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             )
+
+
+# the dense part's modules, in the order of its state dict (``<part>.<the module's key>``)
+DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
+
+
+def dense_parts(
+    num_dense: int,
+    num_sparse: int,
+    embedding_dim: int,
+    bottom_mlp: list[int],
+    top_mlp: list[int],
+    device: torch.device | None = None,
+) -> dict[str, nn.Module]:
+    """The dense part of a DLRM, by :data:`DENSE_PARTS` name (on the ``meta`` device: shapes only,
+    nothing allocated, whatever the sizes)."""
+    check_model_shape(embedding_dim, bottom_mlp, top_mlp)
+    over_in = embedding_dim + (num_sparse + 1) * num_sparse // 2
+    return {
+        # The bottom MLP must end in the embedding dim: its output joins the dot interaction.
+        "dense_arch": DenseArch(num_dense, list(bottom_mlp) + [embedding_dim], device=device),
+        "inter_arch": DotInteraction(num_sparse, device=device),
+        "over_arch": OverArch(over_in, list(top_mlp) + [1], device=device),
+    }
+
+
+def dense_shapes(
+    num_dense: int, num_sparse: int, embedding_dim: int, bottom_mlp: list[int], top_mlp: list[int]
+) -> dict[str, tuple[int, ...]]:
+    """:meth:`DLRM.dense_state_dict`'s entries and shapes for such a model, allocating nothing."""
+    parts = dense_parts(
+        num_dense, num_sparse, embedding_dim, bottom_mlp, top_mlp, torch.device("meta")
+    )
+    return {
+        f"{name}.{k}": tuple(v.shape)
+        for name, part in parts.items()
+        for k, v in part.state_dict().items()
+    }
+
+
+def dense_state_problem(state: object, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """What keeps ``state`` from loading into a dense part of ``shapes`` (:func:`dense_shapes`):
+    a missing, extra or non-float32 entry, or one of another shape; None if it loads."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not the model's state"
+    for k, shape in shapes.items():
+        v = state.get(k)
+        if not isinstance(v, torch.Tensor):
+            return f"no tensor {k}"
+        if tuple(v.shape) != shape or v.dtype != torch.float32:
+            dtype = str(v.dtype).removeprefix("torch.")
+            return f"{k} is {dtype} {list(v.shape)}, the model's is float32 {list(shape)}"
+    extra = sorted(set(state) - set(shapes))
+    return f"{extra[0]} is no entry of the model" if extra else None
 
 
 def check_model_shape(embedding_dim: int, bottom_mlp: list[int], top_mlp: list[int]) -> None:

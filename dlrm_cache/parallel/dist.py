@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,6 +89,34 @@ def agree_on_config(cfg, info: DistInfo) -> str:
                 + (f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else "")
             )
     return everyone[0][1]
+
+
+def agree_on_data(identity: dict[str, Any] | str, key: str, path: str, info: DistInfo) -> None:
+    """Fail on every rank, naming ``key=path``, unless every rank found the same dataset there.
+
+    ``identity``: what this rank read of it (the same config need not mean the same data: each
+    node may have a copy of its own at that path), or the one-line error it got reading it (the
+    other ranks then fail too, instead of waiting for it in the next collective).
+    """
+    from ..config import flatten
+
+    if not info.distributed:
+        return
+    everyone: list = [None] * info.world_size
+    dist.all_gather_object(everyone, identity)
+    for r, other in enumerate(everyone):
+        if isinstance(other, str):
+            raise ValueError(f"{key}={path}: rank {r} cannot read it ({other})")
+    base = flatten(everyone[0])
+    for r, other in enumerate(everyone[1:], start=1):
+        theirs = flatten(other)
+        diff = sorted(k for k in set(base) | set(theirs) if base.get(k) != theirs.get(k))
+        if diff:
+            raise ValueError(
+                f"{key}={path}: rank {r} reads another dataset there than rank 0 "
+                f"({', '.join(diff[:3])} differ{' ...' if len(diff) > 3 else ''}); every rank "
+                "must read the same dataset (copy it again, or put it on a shared file system)"
+            )
 
 
 def shutdown() -> None:

@@ -5,25 +5,28 @@ data streams and the run directory's log; and restoring a checkpoint into it."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.format import Manifest
+from ..data.format import Manifest, one_line
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
-from ..model.dlrm import DLRM
-from ..parallel.dist import DistInfo, agree_on_config
+from ..model.dlrm import DLRM, dense_shapes
+from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import evaluate
-from .optim import build_dense_optimizer
+from .optim import build_dense_optimizer, dense_state_floats
+from .signals import StopAgreement
 from .step import set_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,43 @@ def check_host_memory(
         )
 
 
+def device_bytes(device: torch.device, local_ranks: int) -> float:
+    """Free memory where a rank's dense part lives: the GPU's, or the host's shared by its ranks."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    return available_host_bytes(local_ranks)
+
+
+def check_dense_memory(
+    cfg: DictConfig, manifest: Manifest, device: torch.device, info: DistInfo
+) -> None:
+    """Fail before allocating when the MLPs, their gradients and their optimizer state cannot fit
+    where they live (every rank holds all of them), naming the layer keys that hold the most."""
+    shapes = dense_shapes(
+        len(manifest.dense_names),
+        len(manifest.sparse_names),
+        cfg.model.embedding_dim,
+        list(cfg.model.bottom_mlp),
+        list(cfg.model.top_mlp),
+    )
+    per_key = {
+        key: sum(math.prod(s) for k, s in shapes.items() if k.startswith(part + "."))
+        for key, part in (("model.bottom_mlp", "dense_arch"), ("model.top_mlp", "over_arch"))
+    }
+    params = sum(math.prod(s) for s in shapes.values())
+    o = cfg.optim.dense
+    need = 4 * params * (2 + dense_state_floats(o.name, o.momentum))  # weight, gradient, state
+    have = device_bytes(device, info.local_world_size)
+    if need > have:
+        keys = [k for k, n in sorted(per_key.items(), key=lambda kv: -kv[1]) if n >= params / 10]
+        raise ValueError(
+            ", ".join(f"{k}={list(cfg[k.split('.')[0]][k.split('.')[1]])}" for k in keys)
+            + f": the dense layers' {params:,} parameters take {need / 2**30:.2f} GiB with their "
+            f"gradients and optim.dense.name={o.name} state, but {have / 2**30:.2f} GiB of "
+            f"{'GPU' if device.type == 'cuda' else 'host'} memory are available; use smaller layers"
+        )
+
+
 def build_embeddings(
     cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
 ) -> tuple[EmbeddingBackend, list[Shard] | None]:
@@ -159,6 +199,9 @@ class TrainingRun:
     log: JsonlLog
     resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
     owned: list[Shard] | None = None  # this rank's embedding shards, which its loader keeps
+    # asked after every step and evaluation batch: the stop signal all ranks agree on (set by the
+    # training loop, which closes it)
+    stop: StopAgreement | None = None
 
     def checkpoint(self, step: int) -> None:
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
@@ -189,6 +232,7 @@ class TrainingRun:
             self.cfg.eval_batches,
             self.cfg.data.prefetch_batches,
             self.embeddings,
+            self.stop.requested if self.stop is not None else None,
         )
         self.log.write(EVAL, step=step, split=split, **result)
         return result
@@ -228,13 +272,32 @@ def make_stream(
     )
 
 
+def load_dataset(cfg: DictConfig, info: DistInfo) -> Manifest:
+    """``data.path``'s manifest, its shards checked; under torchrun every rank's the same
+    dataset (its identity and its shards' footers), or every rank fails naming data.path."""
+    data_path = Path(cfg.data.path)
+    splits = ["train", "val", "test"] if cfg.test else ["train", "val"]
+    try:
+        manifest = Manifest.load(data_path)
+        identity: dict[str, Any] | str = {
+            **manifest.identity(),
+            "shard_footers": manifest.check_shards(data_path, splits),
+        }
+    except (ValueError, OSError) as e:
+        if not info.distributed:
+            raise
+        identity = one_line(e)
+    agree_on_data(identity, "data.path", str(cfg.data.path), info)
+    return manifest
+
+
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
     run_dir = Path(agree_on_config(cfg, info))
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
-    manifest = Manifest.load(data_path)
-    manifest.check_shards(data_path, ["train", "val", "test"] if cfg.test else ["train", "val"])
+    manifest = load_dataset(cfg, info)
+    check_dense_memory(cfg, manifest, device, info)
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     claim_run_dir(
         run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg

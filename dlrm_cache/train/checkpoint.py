@@ -34,6 +34,7 @@ from ..data.format import (
     Manifest,
     WriteError,
     atomic_write_text,
+    check_regular,
     fsync_path,
     one_line,
     recover_dir,
@@ -41,6 +42,7 @@ from ..data.format import (
 )
 from ..parallel.placement import parse_key
 from ..rundir import CKPT_DIR
+from .recorded import RecordedModel
 
 META = "meta.json"
 DENSE = "dense.pt"
@@ -210,6 +212,7 @@ def find_checkpoint(resume: str) -> Path:
 def load_data(path: Path, mmap: bool = False) -> Any:
     """``torch.load`` of tensors and plain containers only: a file that would build any other
     object (and so could run code) is refused, as is a damaged one, with one line naming it."""
+    check_regular(path)
     try:
         with warnings.catch_warnings():
             # a foreign pickle protocol: refused below or harmless, not worth a warning
@@ -291,6 +294,7 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         meta_path = self.path / META
+        check_regular(meta_path)
         try:
             self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         except ValueError as e:
@@ -319,6 +323,44 @@ class Checkpoint:
                 )
         self.dense: dict[str, Any] = load_data(self.path / DENSE)
         self.config: dict[str, Any] = self.meta["config"]
+        try:
+            self.model = RecordedModel.of(self.meta)
+        except ValueError as e:
+            raise ValueError(f"{meta_path}: {e}; resume from another checkpoint") from None
+        problem = (
+            self.model.dense_problem(self.dense["model"])
+            if self.model is not None and isinstance(self.dense, dict) and "model" in self.dense
+            else None
+        )
+        if problem is not None:
+            raise ValueError(
+                f"{self.path / DENSE}: not the model {meta_path} describes ({problem}); "
+                "resume from another checkpoint"
+            )
+
+    def table_problem(self, key: str, value: Any) -> str | None:
+        """:meth:`RecordedModel.table_problem`, where the checkpoint records a model."""
+        if self.model is None:
+            return (
+                None
+                if isinstance(value, torch.Tensor)
+                else f"holds no tensor {key} though {META} says so"
+            )
+        return self.model.table_problem(key, value)
+
+    def check_tables(self) -> None:
+        """Every entry of every tables file against :meth:`table_problem` (memory-mapped: only
+        the files' indexes are read), so a resume refuses a bad file before anything is built."""
+        stored: dict[str, str] = self.meta["tables"]
+        for name in sorted(set(stored.values())):
+            data = load_data(self.path / name, mmap=True)
+            for key in sorted(k for k, f in stored.items() if f == name):
+                value = data.get(key) if isinstance(data, dict) else None
+                problem = self.table_problem(key, value)
+                if problem is not None:
+                    raise ValueError(
+                        f"{self.path / name}: {problem}; resume from another checkpoint"
+                    )
 
     def log_records(self, run_dir: Path) -> int | None:
         """How many records the run's metrics.jsonl held at this checkpoint, if it was written into
@@ -345,9 +387,11 @@ class Checkpoint:
             f = stored[k]
             if f not in files:
                 files[f] = load_data(self.path / f, mmap=True)
-            if not isinstance(files[f].get(k), torch.Tensor):
-                raise ValueError(f"{self.path / f}: holds no tensor {k} though {META} says so")
-            return files[f][k]
+            value = files[f].get(k) if isinstance(files[f], dict) else None
+            problem = self.table_problem(k, value)
+            if problem is not None or not isinstance(value, torch.Tensor):
+                raise ValueError(f"{self.path / f}: {problem}")
+            return value
 
         out: dict[str, torch.Tensor] = {}
         for key in keys:
@@ -399,6 +443,7 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     built: a different model, optimizer, data position or dataset is refused, naming every
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
+    ckpt.check_tables()
     now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
     unknown = [k for k in (*RESUME_KEYS, *REQUIRED_DATASET_KEYS) if k not in then]

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend
 from .metrics import EvalMetrics
 from .pipeline import Pipeline
+
+
+class Stopped(Exception):
+    """An evaluation ended early by a stop signal (SIGTERM, SIGINT) every rank agreed on."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
 
 
 @torch.no_grad()
@@ -18,8 +28,12 @@ def evaluate(
     max_batches: int = -1,
     depth: int = 4,
     embeddings: EmbeddingBackend | None = None,
+    stop: Callable[[], int | None] | None = None,
 ) -> dict[str, float]:
-    """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too)."""
+    """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too).
+
+    ``stop``: asked after every batch (every rank asks as often: each takes its share of every
+    global batch); a signal number it answers ends the pass with :class:`Stopped`."""
     model.eval()
     metrics = EvalMetrics(device)
     with Pipeline(stream.batches(), device, embeddings, depth=depth, train=False) as batches:
@@ -27,5 +41,8 @@ def evaluate(
             if 0 <= max_batches <= i:
                 break
             metrics.update(model(batch.dense, batch.sparse), batch.labels)
+            signum = stop() if stop is not None else None
+            if signum:
+                raise Stopped(signum)
     model.train()
     return metrics.compute()

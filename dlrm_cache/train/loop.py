@@ -21,6 +21,7 @@ from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
 from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
 from .build import TrainingRun, build_run, restore
 from .claim import release as release_run_dirs
+from .evaluate import Stopped
 from .guard import LossGuard
 from .metrics import StatsTotals, format_table
 from .pipeline import Pipeline
@@ -73,8 +74,11 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     interval = StatsTotals()  # the cache's counters since the last train record
     # summed on the device: a .item() per step would make the host wait for every step
     loss_sum, loss_n = torch.zeros((), device=run.device), 0
-    guard, stop, first = LossGuard(cfg.loss_spike_factor, cfg.data.path), StopAgreement(info), step
+    guard, first = LossGuard(cfg.loss_spike_factor, cfg.data.path, cfg.data.batch_size), step
+    stop = run.stop = StopAgreement(info)
+    saved = -1  # the step of the newest checkpoint this loop wrote
     model.train()
+    stop.settle()  # a signal while the run was built: no step, nothing new to save
     while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
         with Pipeline(
@@ -123,7 +127,10 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         guard.check()
                         # the cache's counters so far are training's; evaluation's lookups are not
                         interval.add(embeddings.take_stats())
-                        result = run.evaluate(step)
+                        try:
+                            result = run.evaluate(step)
+                        except Stopped:  # stop.signum is set: a checkpoint of this step, below
+                            break
                         embeddings.reset_stats()
                     if info.is_main:
                         bar.write(
@@ -137,6 +144,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                     with clock.pause():
                         guard.check()
                         run.checkpoint(step)
+                        saved = step
                 if step >= run.total_steps or stop.requested():
                     break
         if loss_n:  # the tail since the last log line still counts towards throughput
@@ -146,19 +154,32 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
             loss_n = 0
     bar.close()
     guard.check()
-    stop.close()
     if stop.signum:  # SIGTERM / SIGINT: a checkpoint of this step, then exit 128 + signum
-        saved = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
-        exit_preempted(stop.signum, step, first, saved, run.checkpoint, run.run_dir, info.is_main)
+        stop.close()
+        exit_preempted(
+            stop.signum, step, first, saved == step, run.checkpoint, run.run_dir, info.is_main
+        )
     return step, clock, totals, startup_s
 
 
 def summarize(
     run: TrainingRun, step: int, clock: Throughput, totals: StatsTotals, startup_s: float
 ) -> dict[str, Any]:
-    """Final checkpoint and evaluation; the summary (written to the run dir, printed as a table)."""
+    """Final checkpoint and evaluation; the summary (written to the run dir, printed as a table).
+    A stop signal during the evaluations ends them, and the command as in training (the final
+    checkpoint is saved: a resume of it evaluates it)."""
     run.checkpoint(step)
-    final = run.evaluate(step)
+    try:
+        final = run.evaluate(step)
+        tested = (
+            run.evaluate(step, "test") if run.cfg.test and "test" in run.manifest.splits else {}
+        )
+    except Stopped as e:
+        assert run.stop is not None
+        run.stop.close()
+        exit_preempted(e.signum, step, -1, True, run.checkpoint, run.run_dir, run.info.is_main)
+    if run.stop is not None:
+        run.stop.close()
     summary: dict[str, Any] = {
         "steps": step,
         "train_samples": clock.samples,
@@ -170,8 +191,7 @@ def summarize(
     oracle = find_oracle(run.manifest)
     if oracle is not None:
         summary["oracle_auc"] = oracle
-    if run.cfg.test and "test" in run.manifest.splits:
-        summary.update({f"test_{k}": v for k, v in run.evaluate(step, "test").items()})
+    summary.update({f"test_{k}": v for k, v in tested.items()})
     if run.info.distributed:  # every rank's cache serves its own tables: add them up
         everyone: list = [None] * run.info.world_size
         torch.distributed.all_gather_object(everyone, totals)

@@ -16,6 +16,12 @@ from omegaconf import DictConfig
 FUSED_DEVICES = {"sgd": {"cpu", "cuda"}, "adam": {"cpu", "cuda"}, "adagrad": {"cpu"}}
 
 
+def dense_state_floats(name: str, momentum: float = 0.0) -> int:
+    """Floats of optimizer state per dense parameter: Adam's two moments, Adagrad's sum of squares,
+    SGD's momentum buffer (when it has momentum)."""
+    return {"adam": 2, "adagrad": 1}.get(name, 1 if momentum else 0)
+
+
 def dense_optimizer_impl(name: str, device: torch.device) -> dict[str, Any]:
     """``fused=True`` where the device has the fused kernel, else ``foreach=True``."""
     if device.type in FUSED_DEVICES.get(name, set()):

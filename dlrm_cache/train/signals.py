@@ -2,7 +2,8 @@
 after the current step with a checkpoint of it, instead of losing everything since the last one.
 
 While :func:`stop_signals` is active the signals only set a flag.  The step loop asks
-:class:`StopAgreement` after every step; it answers with the signal to stop on, the same on every
+:class:`StopAgreement` after every step (and evaluation after every batch, and the loop once
+before its first step, :meth:`StopAgreement.settle`); it answers with the signal to stop on, the same on every
 rank under torchrun (each rank may be signalled at a slightly different moment, and a rank that
 stopped alone would leave the others waiting in a collective): the ranks exchange their flags
 with an asynchronous all-reduce on a gloo group of their own, answered one step later, so no
@@ -62,8 +63,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
     if int(os.environ.get("RANK", "0")) == 0:
         print(
-            f"dlrm-cache train: {signal.Signals(signum).name} received: saving a checkpoint after "
-            "the current step (a second signal stops at once)",
+            f"dlrm-cache train: {signal.Signals(signum).name} received: stopping after the current "
+            "step or evaluation batch, with a checkpoint of the step (a second signal stops at once)",
             file=sys.stderr,
             flush=True,
         )
@@ -94,6 +95,20 @@ class StopAgreement:
                 flag,
             )
         self.signum = agreed or None
+        return self.signum
+
+    def settle(self) -> int | None:
+        """``requested()``, answered now (one blocking exchange): before the first step, so a
+        signal received while the run was being built stops it before any step is done."""
+        if self.signum is None:
+            mine = _received[0] if _received else 0
+            agreed = self._collect()
+            if self._group is not None:
+                with self._host():
+                    flag = torch.tensor([mine], dtype=torch.int64)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+                    mine = int(flag.item())
+            self.signum = (agreed or mine) or None
         return self.signum
 
     def _collect(self) -> int:

@@ -303,7 +303,8 @@ def _scaled(data: Path, out: Path, rel: str, factor: float) -> Path:
 
 def test_a_loss_far_outside_the_runs_range_stops_it_before_a_checkpoint(data: Path, tmp_path: Path):
     """Shard 3's dense features 10^4 times too large: global batch 17 (rows 2048..2175) is the
-    first with its rows; its loss is more than 10x the largest before it.  The run stops naming
+    first with its rows; its loss lifts the mean of the last 1024 samples past 10x the loss of
+    chance.  The run stops naming
     step 17 and both shards of the batch; the checkpoints before it stay, none after."""
     ds = _scaled(data, tmp_path / "ds", "train/part-00003.parquet", 1e4)
     d = tmp_path / "run"
@@ -314,7 +315,7 @@ def test_a_loss_far_outside_the_runs_range_stops_it_before_a_checkpoint(data: Pa
         ),
         "train",
         "step 17: training loss",
-        "is more than 10x the largest of the previous 16 steps",
+        "over its last 1024 samples) is more than 10x the loss of chance (ln 2 = 0.693)",
         f"{ds / 'train/part-00002.parquet'}, {ds / 'train/part-00003.parquet'}",
     )
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == [
