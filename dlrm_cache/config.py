@@ -204,22 +204,18 @@ class TrainConfig:
 
 @dataclass
 class PlanConfig:
-    data_path: str = "data/synth/processed"  # a processed dataset (its stats/ are read)
+    """`dlrm-cache plan`: the freq_cache's hit rate per cache ratio, for the job `train` composes from
+    the same groups (``data=``, ``model=``, ``embedding.*``: batch size, dimension, layout)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    embedding: Any = MISSING  # the freq_cache's settings (plan.yaml: embedding=freq_cache)
     ratios: list[float] = checked(
         factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1], gt=0, le=1, nonempty=True
-    )
-    embedding_dim: int = checked(128, ge=1)  # for the memory column
+    )  # the cache ratios to predict (embedding.cache_ratio values)
     per_table: bool = False  # also print each table's hit rate (and draw it)
     output: str | None = None  # write the predictions as JSON here
     figure: str | None = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
-    static_fraction: float = checked(
-        FreqCacheEmbeddingConfig.static_fraction, ge=0, le=1
-    )  # as embedding.static_fraction
-    lookahead: int = checked(
-        FreqCacheEmbeddingConfig.lookahead, ge=0
-    )  # as embedding.lookahead: batches fetched ahead
-    # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
-    batch_size: int = checked(16384, ge=0)
 
 
 @dataclass

@@ -31,17 +31,16 @@ from .verify import VerifyConfig
 def config_dir() -> str:
     """Absolute path of the shipped configs, whatever the working directory or install mode.
 
-    Installed (wheel or editable) they are the package ``dlrm_cache.configs``; from a plain source
-    tree on PYTHONPATH (the GPU machine's offline bundle installs nothing) they are ``configs/``
-    next to the package.
+    In a source tree (a checkout on PYTHONPATH, as the GPU machine's offline bundle runs it, or
+    installed editable) they are ``configs/`` next to the package: the tree's own, even when
+    another checkout is installed in the same environment.  Installed from a wheel they are the
+    package ``dlrm_cache.configs``.
     """
-    try:
-        import dlrm_cache.configs as pkg
-    except ModuleNotFoundError:
-        tree = Path(__file__).resolve().parent.parent / "configs"
-        if (tree / "train.yaml").is_file():
-            return str(tree)
-        raise
+    tree = Path(__file__).resolve().parent.parent / "configs"
+    if (tree / "train.yaml").is_file():
+        return str(tree)
+    import dlrm_cache.configs as pkg
+
     return str(Path(pkg.__file__).resolve().parent)
 
 
