@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,15 +56,40 @@ def _train_epilogue(run_dir: str) -> str:
 
     from .rundir import METRICS, SUMMARY
 
+    me = invocation()
     lines = [
         f"run files: {run_dir}/ ({METRICS}, {SUMMARY}, checkpoints/, .hydra/)",
-        f"plots:     dlrm-cache report {run_dir}",
+        f"plots:     {me} report {shlex.quote(run_dir)}",
     ]
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hc.runtime.cwd) / hc.sweep.dir  # as absolute as run_dir
-        lines.append(f"sweep:     dlrm-cache report {sweep_dir}   (once every job has finished)")
+        lines.append(
+            f"sweep:     {me} report {shlex.quote(str(sweep_dir))}   (once every job has finished)"
+        )
     return "\n".join(lines)
+
+
+_ARGV0: list[
+    str
+] = []  # how this process was started (sys.argv[0]), before Hydra's argv replaces it
+
+
+def invocation() -> str:
+    """The command that runs dlrm-cache as this process was run, typed anywhere: ``dlrm-cache``
+    when that is what PATH finds, else the script's absolute path (``.venv/bin/dlrm-cache`` with
+    no venv active, torchrun's ``--no-python`` path), else ``<this python> -m dlrm_cache``."""
+    argv0 = _ARGV0[0] if _ARGV0 else sys.argv[0]
+    if Path(argv0).name == "dlrm-cache":
+        script = os.path.abspath(argv0 if os.sep in argv0 else shutil.which(argv0) or argv0)
+        on_path = shutil.which("dlrm-cache")
+        return (
+            "dlrm-cache" if on_path and os.path.abspath(on_path) == script else shlex.quote(script)
+        )
+    python = shutil.which(Path(sys.executable).name)
+    if python and os.path.abspath(python) == os.path.abspath(sys.executable):
+        return f"{Path(sys.executable).name} -m dlrm_cache"
+    return f"{shlex.quote(sys.executable)} -m dlrm_cache"
 
 
 def _plan(cfg: DictConfig) -> None:
@@ -227,6 +254,7 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = args = list(sys.argv[1:] if argv is None else argv)
+    _ARGV0[:] = [sys.argv[0]]
     quiet_known_noise()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())

@@ -72,7 +72,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
         # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory, and not over
         # the snapshot of a run already there (train.claim.hydra_subdir)
-        from .train.claim import hydra_subdir
+        from .train.claim import hydra_subdir, output_dir
+
+        # train's output directory: the run resume= names (continued in place), else a new one
+        OmegaConf.register_new_resolver("dlrm_output_dir", output_dir, use_cache=False)
 
         OmegaConf.register_new_resolver(
             "dlrm_hydra_subdir", lambda: hydra_subdir() if _is_rank0() else None, use_cache=False
