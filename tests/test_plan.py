@@ -7,8 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+from hydra import compose, initialize_config_dir
 from launching import run_cli
+from omegaconf import OmegaConf
+
+from dlrm_cache.configstore import config_dir, register_configs
 
 # the measured run starts from a cold cache (its hottest dynamic rows are loaded once) and draws
 # 80 batches: it measures a little below the steady state plan predicts (0.952 against 0.957)
@@ -17,22 +20,24 @@ PER_TABLE_TOLERANCE = 0.03
 SMALL = ["model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]"]
 
 
-def _cfg_job(*args: str, cwd: Path) -> dict:
-    res = run_cli(*args, "--cfg", "job", cwd=cwd)
-    assert res.returncode == 0, res.stderr
-    return yaml.safe_load(res.stdout)
+def _cfg_job(command: str, *overrides: str) -> dict:
+    """What `dlrm-cache COMMAND OVERRIDES --cfg job` prints, as data (Hydra's composition)."""
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(command, overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False)
 
 
-def test_plan_takes_the_batch_dimension_and_layout_train_uses(tmp_path: Path):
+def test_plan_takes_the_batch_dimension_and_layout_train_uses():
     """No setting of its own: `plan` composes data, model and embedding as `train
     embedding=freq_cache` does (the default job's batch of 1024, not 16384), overrides included."""
     for extra in ([], ["data=criteo_kaggle", "model=mlperf", "embedding.lookahead=1"]):
-        planned = _cfg_job("plan", *extra, cwd=tmp_path)
-        trained = _cfg_job("train", "embedding=freq_cache", *extra, cwd=tmp_path)
+        planned = _cfg_job("plan", *extra)
+        trained = _cfg_job("train", "embedding=freq_cache", *extra)
         for group in ("data", "model", "embedding"):
             assert planned[group] == trained[group], group
     assert planned["data"]["batch_size"] == 16384 and planned["model"]["embedding_dim"] == 128
-    assert _cfg_job("plan", cwd=tmp_path)["data"]["batch_size"] == 1024
+    assert _cfg_job("plan")["data"]["batch_size"] == 1024
 
 
 def test_plan_predicts_the_measured_hit_rate_per_table(processed_synth: Path, tmp_path: Path):
