@@ -11,8 +11,7 @@ TORCHREC_DEPS ?= tensordict torchmetrics pyre-extensions iopath
 SYNTH_ARGS    ?=
 TRAIN_ARGS    ?=
 NPROC         ?= 2
-# the default job's data.batch_size (DataConfig.batch_size in dlrm_cache/config.py): the window `plan` sizes holds 3 of them
-PLAN_BATCH    ?= 1024
+PLAN_ARGS     ?=
 
 .PHONY: help install train test lint format data train-dist bench plan gpu-extra clean
 
@@ -39,8 +38,8 @@ train: data ## install, make the default data, train + evaluate (the main job)
 train-dist: data ## the same job as `make train` over NPROC processes (torchrun, gloo on CPU)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) --no-python $(BIN)/dlrm-cache train $(TRAIN_ARGS)
 
-plan: data ## predicted cache hit rate per cache ratio for the default data and its batch size
-	$(BIN)/dlrm-cache plan batch_size=$(PLAN_BATCH)
+plan: data ## predicted freq_cache hit rate per cache ratio for the default job (its data, batch, model)
+	$(BIN)/dlrm-cache plan $(PLAN_ARGS)
 
 bench: $(STAMP) ## embedding-layer benchmark (docs/benchmarks.md: real numbers need a GPU)
 	$(BIN)/dlrm-cache bench

@@ -33,7 +33,7 @@ class PredictConfig:
     input: str = MISSING
     split: str = "test"  # input is a processed dataset: train | val | test
     output: str = MISSING  # predictions file, replaced atomically
-    format: OutputFormat = OutputFormat.auto
+    format: OutputFormat = OutputFormat.auto  # auto: csv for a name ending in .csv, else parquet
     # raw input: the processed dataset the checkpoint was trained on (its stats map raw ids to
     # rows); null: the run's data.path
     dataset: str | None = None
@@ -41,12 +41,12 @@ class PredictConfig:
         0, ge=0
     )  # 0: the run's data.eval_batch_size (what `train test=true` used)
     bad_lines: BadLines = BadLines.skip  # as preprocess: skip (count, report a few) | fail
-    bad_line_reports: int = checked(PreprocessConfig.bad_line_reports, ge=0)
+    bad_line_reports: int = checked(PreprocessConfig.bad_line_reports, ge=0)  # as preprocess's
     chunk_bytes: int = checked(
         PreprocessConfig.chunk_bytes, ge=1
     )  # raw bytes parsed at a time (memory ~ 10x)
     device: str = checked("cpu", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
-    progress: bool = True
+    progress: bool = True  # tqdm progress bar
 
 
 @dataclass

@@ -39,12 +39,19 @@ def cache_mib(cache_rows: int, bytes_per_row: int) -> float:
 
 
 def plan(cfg: DictConfig) -> list[dict]:
-    """Predicted hit rate (share of lookups served by the device cache) for each cache ratio."""
-    data = Path(cfg.data_path)
-    manifest = Manifest.load(data, key="data_path")
+    """Predicted hit rate (share of lookups served by the device cache) for each cache ratio, for
+    the freq_cache ``cfg.embedding`` at the batch size of ``cfg.data`` (the job `train` runs)."""
+    from .config import backend_target
+
+    emb = cfg.embedding
+    if emb._target_ != backend_target("freq_cache"):
+        raise ValueError(f"embedding={emb._target_.rsplit('.', 1)[-1]}: plan predicts freq_cache")
+    data = Path(cfg.data.path)
+    manifest = Manifest.load(data, key="data.path")
     counts = load_counts(data)
-    rows = plan_table(counts, list(cfg.ratios), cfg.static_fraction, cfg.lookahead, cfg.batch_size)
-    bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(cfg.embedding_dim)
+    rows = plan_table(counts, list(cfg.ratios), emb.static_fraction, emb.lookahead, emb.batch_size)
+    dim = cfg.model.embedding_dim
+    bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(dim)
     total_rows = sum(manifest.table_sizes)
 
     def mib(n: int) -> float:
@@ -52,8 +59,8 @@ def plan(cfg: DictConfig) -> list[dict]:
 
     print(
         f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
-        f"{mib(total_rows):,.1f} MiB of rows+state at dim {cfg.embedding_dim}); "
-        f"window: {cfg.lookahead + 1} batches of {cfg.batch_size}"
+        f"{mib(total_rows):,.1f} MiB of rows+state at dim {dim}); "
+        f"window: {emb.lookahead + 1} batches of {emb.batch_size}"
     )
     print(
         f"{'ratio':>8} {'cache rows':>12} {'cache MiB':>10} {'static rows':>12} {'static MiB':>10} "
@@ -70,7 +77,7 @@ def plan(cfg: DictConfig) -> list[dict]:
             print(
                 format_table(
                     sorted(r["per_table"].items()),
-                    title=f"per-table hit rate at ratio {r['ratio']}",
+                    title=f"per-table hit rate at ratio {r['ratio']} (one pooled cache)",
                 )
             )
     if cfg.output:
@@ -78,7 +85,7 @@ def plan(cfg: DictConfig) -> list[dict]:
     if cfg.figure:
         from .figures import draw_plan
 
-        series = plan_series(rows, bytes_per_row, cfg.embedding_dim, cfg.per_table)
+        series = plan_series(rows, bytes_per_row, dim, cfg.per_table)
         title = f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows)"
         print(f"dlrm-cache plan: figure {draw_plan(series, title, Path(cfg.figure))}")
     return rows

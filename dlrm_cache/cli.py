@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from .configstore import config_dir, register_configs
 from .console import quiet_known_noise
 from .data.format import WriteError
 from .ranges import validate
+from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
 
 register_configs()
 CONFIGS = config_dir()
@@ -53,15 +56,40 @@ def _train_epilogue(run_dir: str) -> str:
 
     from .rundir import METRICS, SUMMARY
 
+    me = invocation()
     lines = [
         f"run files: {run_dir}/ ({METRICS}, {SUMMARY}, checkpoints/, .hydra/)",
-        f"plots:     dlrm-cache report {run_dir}",
+        f"plots:     {me} report {shlex.quote(run_dir)}",
     ]
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hc.runtime.cwd) / hc.sweep.dir  # as absolute as run_dir
-        lines.append(f"sweep:     dlrm-cache report {sweep_dir}   (once every job has finished)")
+        lines.append(
+            f"sweep:     {me} report {shlex.quote(str(sweep_dir))}   (once every job has finished)"
+        )
     return "\n".join(lines)
+
+
+_ARGV0: list[
+    str
+] = []  # how this process was started (sys.argv[0]), before Hydra's argv replaces it
+
+
+def invocation() -> str:
+    """The command that runs dlrm-cache as this process was run, typed anywhere: ``dlrm-cache``
+    when that is what PATH finds, else the script's absolute path (``.venv/bin/dlrm-cache`` with
+    no venv active, torchrun's ``--no-python`` path), else ``<this python> -m dlrm_cache``."""
+    argv0 = _ARGV0[0] if _ARGV0 else sys.argv[0]
+    if Path(argv0).name == "dlrm-cache":
+        script = os.path.abspath(argv0 if os.sep in argv0 else shutil.which(argv0) or argv0)
+        on_path = shutil.which("dlrm-cache")
+        return (
+            "dlrm-cache" if on_path and os.path.abspath(on_path) == script else shlex.quote(script)
+        )
+    python = shutil.which(Path(sys.executable).name)
+    if python and os.path.abspath(python) == os.path.abspath(sys.executable):
+        return f"{Path(sys.executable).name} -m dlrm_cache"
+    return f"{shlex.quote(sys.executable)} -m dlrm_cache"
 
 
 def _plan(cfg: DictConfig) -> None:
@@ -210,30 +238,41 @@ def split_run_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
 def usage() -> str:
     lines = [
         "usage: dlrm-cache <command> [hydra overrides ...]",
-        "       dlrm-cache report RUN_DIR [RUN_DIR ...] [hydra overrides ...]",
+        *(f"       dlrm-cache {c} {p}[hydra overrides ...]" for c, p in POSITIONAL.items()),
         "",
         "commands:",
     ]
     lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     lines += [
         "",
-        "`dlrm-cache <command> --help` lists that command's options;",
-        "`dlrm-cache <command> --cfg job` prints the composed config.",
+        "`dlrm-cache <command> --help` lists that command's keys (type, default, range, meaning);",
+        "`dlrm-cache <command> --cfg job` prints the composed config;",
+        'bash completion: eval "$(dlrm-cache -sc install=bash)"',
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = args = list(sys.argv[1:] if argv is None else argv)
+    _ARGV0[:] = [sys.argv[0]]
     quiet_known_noise()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return
+    if "-sc" in argv or "--shell-completion" in argv:
+        _answer("dlrm-cache", lambda: _completion(args))
         return
     command = argv.pop(0)
     if command not in COMMANDS:
         print(f"dlrm-cache: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
-    config_name, fn, _ = COMMANDS[command]
+    config_name, fn, summary = COMMANDS[command]
+    if any(a in HELP_FLAGS for a in argv):
+        _answer(
+            f"dlrm-cache {command}",
+            lambda: command_help(CONFIGS, command, config_name, summary, args),
+        )
+        return
     if command == "report":
         run_dirs, argv = split_run_dirs(argv)
         fn = functools.partial(_report, run_dirs=tuple(run_dirs))
@@ -266,6 +305,22 @@ def main(argv: list[str] | None = None) -> None:
             del os.environ["HYDRA_FULL_ERROR"]
         else:
             os.environ["HYDRA_FULL_ERROR"] = full_error
+
+
+def _completion(argv: list[str]) -> str:
+    argv = ["-sc" if a == "--shell-completion" else a for a in argv]
+    return shell_completion(CONFIGS, {c: name for c, (name, _, _) in COMMANDS.items()}, argv)
+
+
+def _answer(who: str, text: Callable[[], str]) -> None:
+    """Print ``text()``: help or completion; a bad override is one line and exit status 1."""
+    try:
+        print(text())
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        print(f"{who}: error: {config_error(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def config_error(e: BaseException) -> str:

@@ -41,14 +41,13 @@ class DataConfig:
     path: str = MISSING  # a processed dataset directory (with manifest.json)
     # global batch size: split across ranks under torchrun (the Criteo presets set 16384)
     batch_size: int = checked(1024, ge=1)
-    eval_batch_size: int = checked(8192, ge=1)
+    eval_batch_size: int = checked(8192, ge=1)  # global batch size of evaluation (and predict)
     prefetch_batches: int = checked(
         4, ge=1
     )  # batches decoded ahead by the background reader thread
-    analysis_threads: int = checked(
-        2, ge=1
-    )  # loader threads running the embedding's analysis of each batch (the freq_cache on a GPU:
+    # loader threads running the embedding's analysis of each batch (the freq_cache on a GPU:
     # global rows and static slots, the cache-independent part of its host planning)
+    analysis_threads: int = checked(2, ge=1)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
@@ -58,7 +57,9 @@ DIM_MULTIPLE = 4
 
 @dataclass
 class ModelConfig:
+    # width of every embedding row (and bottom MLP output)
     embedding_dim: int = checked(16, ge=1, multiple_of=DIM_MULTIPLE)
+    # hidden layer widths of the MLP over the 13 dense features (its output is embedding_dim wide)
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256, 64], ge=1)
     top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)  # a final 1-unit layer is added
 
@@ -66,15 +67,15 @@ class ModelConfig:
 @dataclass
 class SparseOptimConfig:
     name: SparseOptimName = SparseOptimName.rowwise_adagrad  # fused into fbgemm's backward
-    lr: float = checked(0.05, ge=0)
-    eps: float = checked(1e-8, gt=0)
+    lr: float = checked(0.05, ge=0)  # learning rate of the embedding rows
+    eps: float = checked(1e-8, gt=0)  # Adagrad's denominator term
 
 
 @dataclass
 class DenseOptimConfig:
-    name: DenseOptimName = DenseOptimName.adagrad
-    lr: float = checked(0.01, ge=0)
-    weight_decay: float = checked(0.0, ge=0)
+    name: DenseOptimName = DenseOptimName.adagrad  # the MLPs' optimizer
+    lr: float = checked(0.01, ge=0)  # learning rate of the MLPs
+    weight_decay: float = checked(0.0, ge=0)  # L2 penalty on the MLPs' weights
     momentum: float = checked(0.0, ge=0)  # sgd only
 
 
@@ -110,7 +111,7 @@ class HbmEmbeddingConfig(EmbeddingConfig):
 @dataclass
 class UvmCacheEmbeddingConfig(EmbeddingConfig):
     _target_: str = "dlrm_cache.embedding.direct.UvmCacheBackend"
-    cache_ratio: float = checked(0.015, gt=0, le=1)
+    cache_ratio: float = checked(0.015, gt=0, le=1)  # fraction of all rows in fbgemm's device cache
     algorithm: UvmAlgorithm = UvmAlgorithm.lru  # fbgemm's set-associative cache
     host_mapped: bool = True  # cudaHostAlloc-mapped host memory rather than CUDA managed memory
 
@@ -119,7 +120,7 @@ class UvmCacheEmbeddingConfig(EmbeddingConfig):
 class FreqCacheEmbeddingConfig(EmbeddingConfig):
     _target_: str = "dlrm_cache.embedding.freq_cache.FreqCacheBackend"
     cache_ratio: float = checked(0.015, gt=0, le=1)  # fraction of all rows held in the device cache
-    policy: CachePolicy = CachePolicy.freq
+    policy: CachePolicy = CachePolicy.freq  # eviction: dataset counts, observed counts or last use
     refresh_counts: bool = False  # freq policy: add observed counts to the dataset counts
     lookahead: int = checked(2, ge=0)  # batches whose rows are fetched ahead (0 = synchronous)
     static_fraction: float = checked(
@@ -164,9 +165,9 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     embedding: Any = MISSING  # one of the embedding schemas above
-    seed: int = checked(0, ge=0)
+    seed: int = checked(0, ge=0)  # initial weights and shuffling: same seed, same run
     device: str = checked("auto", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
-    epochs: int = checked(1, ge=1)
+    epochs: int = checked(1, ge=1)  # passes over the train split
     max_steps: int = checked(
         -1, ge=1, also=(-1,)
     )  # stop after this many steps (-1: run all epochs)
@@ -209,22 +210,18 @@ class TrainConfig:
 
 @dataclass
 class PlanConfig:
-    data_path: str = "data/synth/processed"  # a processed dataset (its stats/ are read)
+    """`dlrm-cache plan`: the freq_cache's hit rate per cache ratio, for the job `train` composes from
+    the same groups (``data=``, ``model=``, ``embedding.*``: batch size, dimension, layout)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    embedding: Any = MISSING  # the freq_cache's settings (plan.yaml: embedding=freq_cache)
     ratios: list[float] = checked(
         factory=lambda: [0.001, 0.005, 0.015, 0.05, 0.1], gt=0, le=1, nonempty=True
-    )
-    embedding_dim: int = checked(128, ge=1)  # for the memory column
+    )  # the cache ratios to predict (embedding.cache_ratio values)
     per_table: bool = False  # also print each table's hit rate (and draw it)
     output: str | None = None  # write the predictions as JSON here
     figure: str | None = MISSING  # the hit-rate curve as a PNG (set in plan.yaml; null: none)
-    static_fraction: float = checked(
-        FreqCacheEmbeddingConfig.static_fraction, ge=0, le=1
-    )  # as embedding.static_fraction
-    lookahead: int = checked(
-        FreqCacheEmbeddingConfig.lookahead, ge=0
-    )  # as embedding.lookahead: batches fetched ahead
-    # as data.batch_size: the window region must hold lookahead+1 of them (0: no sizing)
-    batch_size: int = checked(16384, ge=0)
 
 
 @dataclass
@@ -233,11 +230,14 @@ class BenchConfig:
     the freq_cache's planning (``kind=planning``), the input pipeline (``kind=loader``) or
     `dlrm-cache preprocess` itself (``kind=preprocess``)."""
 
-    kind: BenchKind = BenchKind.embedding
+    kind: BenchKind = BenchKind.embedding  # what is measured (see above)
+    # the placements compared (the first is the baseline)
     backends: list[Backend] = checked(
         factory=lambda: [Backend.host, Backend.freq_cache], nonempty=True
     )
+    # one run of each cached placement per ratio
     cache_ratios: list[float] = checked(factory=lambda: [0.015], gt=0, le=1, nonempty=True)
+    # one uvm_cache run per algorithm
     uvm_algorithms: list[UvmAlgorithm] = field(
         default_factory=lambda: [UvmAlgorithm.lru, UvmAlgorithm.lfu]
     )
@@ -245,29 +245,34 @@ class BenchConfig:
     policy: CachePolicy = FreqCacheEmbeddingConfig.policy  # freq_cache eviction policy
     # planning kind: one run per value of embedding.planner_threads (0: auto)
     planner_threads: list[int] = checked(factory=lambda: [0], ge=0, nonempty=True)
-    num_tables: int = checked(26, ge=1)
+    num_tables: int = checked(26, ge=1)  # embedding kind: tables looked up per sample
     rows_per_table: int = checked(20_000, ge=1)  # embedding kind: every table has this many rows
     cardinality_scale: float = checked(
         0.01, gt=0
     )  # train/planning kinds: Criteo-Kaggle cardinalities times this
+    # width of every embedding row
     embedding_dim: int = checked(128, ge=1, multiple_of=DIM_MULTIPLE)
-    batch_size: int = checked(2048, ge=1)
+    batch_size: int = checked(2048, ge=1)  # samples per step
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
-    bottom_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)
-    top_mlp: list[int] = checked(factory=lambda: [1024, 1024, 512, 256], ge=1)
+    bottom_mlp: list[int] = checked(
+        factory=lambda: [512, 256], ge=1
+    )  # train kind: as model.bottom_mlp
+    top_mlp: list[int] = checked(
+        factory=lambda: [1024, 1024, 512, 256], ge=1
+    )  # train kind: as model.top_mlp
     # train kind: every backend runs once per (precision, compile) pair
     precisions: list[Precision] = checked(factory=lambda: [Precision.fp32], nonempty=True)
-    compile: list[bool] = checked(factory=lambda: [False], nonempty=True)
-    warmup: int = checked(10, ge=0)
-    iters: int = checked(30, ge=1)
+    compile: list[bool] = checked(factory=lambda: [False], nonempty=True)  # train kind: as compile
+    warmup: int = checked(10, ge=0)  # untimed steps first
+    iters: int = checked(30, ge=1)  # timed steps
     distinct_batches: int = checked(
         40, ge=1
     )  # fresh ids every step, cycling through this many generated batches
     # planning kind: batches run after the timed ones, counting host syncs and aten ops
     sync_count_batches: int = checked(5, ge=0)
-    lr: float = checked(0.01, ge=0)
-    seed: int = checked(0, ge=0)
-    device: str = checked("auto", pattern=DEVICE)
+    lr: float = checked(0.01, ge=0)  # learning rate of every optimizer
+    seed: int = checked(0, ge=0)  # generated ids and weights
+    device: str = checked("auto", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
     output: str | None = None  # JSON results (also printed as a table)
     figure: str | None = MISSING  # the results as a PNG (set in bench.yaml; null: none)
     data_path: str | None = None  # loader kind: a processed dataset (its train split is read)

@@ -31,17 +31,16 @@ from .verify import VerifyConfig
 def config_dir() -> str:
     """Absolute path of the shipped configs, whatever the working directory or install mode.
 
-    Installed (wheel or editable) they are the package ``dlrm_cache.configs``; from a plain source
-    tree on PYTHONPATH (the GPU machine's offline bundle installs nothing) they are ``configs/``
-    next to the package.
+    In a source tree (a checkout on PYTHONPATH, as the GPU machine's offline bundle runs it, or
+    installed editable) they are ``configs/`` next to the package: the tree's own, even when
+    another checkout is installed in the same environment.  Installed from a wheel they are the
+    package ``dlrm_cache.configs``.
     """
-    try:
-        import dlrm_cache.configs as pkg
-    except ModuleNotFoundError:
-        tree = Path(__file__).resolve().parent.parent / "configs"
-        if (tree / "train.yaml").is_file():
-            return str(tree)
-        raise
+    tree = Path(__file__).resolve().parent.parent / "configs"
+    if (tree / "train.yaml").is_file():
+        return str(tree)
+    import dlrm_cache.configs as pkg
+
     return str(Path(pkg.__file__).resolve().parent)
 
 
@@ -73,7 +72,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
         # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory, and not over
         # the snapshot of a run already there (train.claim.hydra_subdir)
-        from .train.claim import hydra_subdir
+        from .train.claim import hydra_subdir, output_dir
+
+        # train's output directory: the run resume= names (continued in place), else a new one
+        OmegaConf.register_new_resolver("dlrm_output_dir", output_dir, use_cache=False)
 
         OmegaConf.register_new_resolver(
             "dlrm_hydra_subdir", lambda: hydra_subdir() if _is_rank0() else None, use_cache=False

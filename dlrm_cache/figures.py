@@ -178,7 +178,7 @@ def _draw_table_heatmap(ax, per_table: dict[str, list[float]], ratios: list[floa
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xlabel("cache ratio")
     ax.set_ylabel("table")
-    ax.set_title("Predicted hit rate per table (a separate cache per table)", fontsize=10)
+    ax.set_title("Predicted hit rate per table (in the pooled cache)", fontsize=10)
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
             ax.text(

@@ -69,7 +69,15 @@ class Range:
             return "must be a finite number"
         if self.pattern is not None:
             return None if re.fullmatch(self.pattern, str(value)) else f"must match {self.pattern}"
-        bounds = [
+        if self.multiple_of and isinstance(value, int) and value % self.multiple_of:
+            return f"must be a multiple of {self.multiple_of}"
+        bounds = self._bounds()
+        if all(cmp(value, b) for _, cmp, b in bounds):
+            return None
+        return f"must be {self._need(bounds)}" + "".join(f" (or {a!r})" for a in self.also)
+
+    def _bounds(self) -> list[tuple[str, Callable[[Any, Any], bool], float]]:
+        return [
             (op, cmp, b)
             for op, cmp, b in (
                 (">=", operator.ge, self.ge),
@@ -79,12 +87,23 @@ class Range:
             )
             if b is not None
         ]
-        if self.multiple_of and isinstance(value, int) and value % self.multiple_of:
-            return f"must be a multiple of {self.multiple_of}"
-        if all(cmp(value, b) for _, cmp, b in bounds):
-            return None
-        need = " and ".join(f"{op} {b:g}" for op, _, b in bounds)
-        return f"must be {need}" + "".join(f" (or {a!r})" for a in self.also)
+
+    @staticmethod
+    def _need(bounds: list[tuple[str, Callable[[Any, Any], bool], float]]) -> str:
+        return " and ".join(f"{op} {b:g}" for op, _, b in bounds)
+
+    def describe(self) -> str:
+        """The range as help shows it (``>= 1 or -1``, ``each > 0 and <= 1, non-empty``)."""
+        parts = []
+        if self.pattern is not None:
+            parts.append(f"matching {self.pattern}")
+        if bounds := self._bounds():
+            parts.append(self._need(bounds) + "".join(f" or {a!r}" for a in self.also))
+        if self.multiple_of:
+            parts.append(f"a multiple of {self.multiple_of}")
+        if self.nonempty:
+            parts.append("non-empty")
+        return ", ".join(parts)
 
 
 _ANY = Range()  # what a field without a declared range must satisfy (a finite number, if one)
@@ -98,6 +117,12 @@ def checked(
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def field_range(f: dataclasses.Field) -> str:
+    """The declared range of a schema field, as help shows it ("" if none)."""
+    rng: Range | None = f.metadata.get(_RANGE)
+    return rng.describe() if rng is not None else ""
 
 
 def validate(cfg: Any, prefix: str = "") -> None:

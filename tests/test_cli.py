@@ -133,8 +133,8 @@ def test_wheel_ships_configs(tmp_path):
             "input /nonexistent/raw does not exist",
         ),
         (
-            ["plan", "data_path=/nonexistent/ds"],
-            "/nonexistent/ds/manifest.json: no manifest; run `dlrm-cache preprocess` first (or point data_path at",
+            ["plan", "data.path=/nonexistent/ds"],
+            "/nonexistent/ds/manifest.json: no manifest; run `dlrm-cache preprocess` first (or point data.path at",
         ),
         (["bench", "kind=preprocess"], "preprocess_input: kind=preprocess needs raw Criteo text"),
         (

@@ -19,7 +19,13 @@ from PIL import Image
 from dlrm_cache.bench.run import bench, bench_series
 from dlrm_cache.cache_sizing import plan, plan_series
 from dlrm_cache.cli import main, split_run_dirs
-from dlrm_cache.config import BenchConfig, PlanConfig
+from dlrm_cache.config import (
+    BenchConfig,
+    DataConfig,
+    FreqCacheEmbeddingConfig,
+    ModelConfig,
+    PlanConfig,
+)
 from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
@@ -105,9 +111,12 @@ def report_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_train_says_where_its_files_are_and_the_console_is_clean(sweep):
     root, res = sweep
+    me = f"{sys.executable} -m dlrm_cache"  # as the test ran it (tests/test_readme_commands.py)
+    if shutil.which("python") == sys.executable:
+        me = "python -m dlrm_cache"
     for job in range(3):
-        assert f"plots:     dlrm-cache report {root / str(job)}\n" in res.stdout
-    assert f"sweep:     dlrm-cache report {root}   (once every job has finished)" in res.stdout
+        assert f"plots:     {me} report {root / str(job)}\n" in res.stdout
+    assert f"sweep:     {me} report {root}   (once every job has finished)" in res.stdout
     # torchrec's first forward triggers torch.fx's is_fx_tracing notice: filtered at its logger
     assert "is_fx_tracing" not in res.stderr and "Traceback" not in res.stderr
     assert res.stderr.strip() == "", res.stderr
@@ -302,10 +311,11 @@ def test_plan_figure_draws_the_plan(processed_synth, tmp_path):
     ratios = [0.01, 0.05, 0.2]
     cfg = OmegaConf.structured(
         PlanConfig(
-            data_path=str(processed_synth),
+            data=DataConfig(path=str(processed_synth)),
+            model=ModelConfig(embedding_dim=16),
+            embedding=FreqCacheEmbeddingConfig(batch_size=256),
             ratios=ratios,
             per_table=True,
-            embedding_dim=16,
             figure=str(tmp_path / "plan.png"),
         )
     )
@@ -313,8 +323,9 @@ def test_plan_figure_draws_the_plan(processed_synth, tmp_path):
     assert_png(tmp_path / "plan.png")
     series = plan_series(rows, SparseOptim("rowwise_adagrad").row_bytes(16), 16, per_table=True)
     # the cache plan sizes: its window region for the configured look-ahead and batch included
+    emb = cfg.embedding
     expected = plan_table(
-        load_counts(processed_synth), ratios, cfg.static_fraction, cfg.lookahead, cfg.batch_size
+        load_counts(processed_synth), ratios, emb.static_fraction, emb.lookahead, emb.batch_size
     )
     assert series["ratio"] == ratios
     assert series["hit_rate"] == [r["hit_rate"] for r in expected]

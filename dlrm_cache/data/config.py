@@ -82,7 +82,7 @@ class PreprocessConfig:
     # or else a single train.txt[.gz].
     input: str = "data/synth/raw"
     output: str = "data/synth/processed"  # the dataset directory (manifest.json marks it complete)
-    split: Split = Split.fraction
+    split: Split = Split.fraction  # how lines are split into train/val/test (see below)
     # split=fraction: the first floor(total * train_fraction) lines are train, the rest is halved
     # (val gets the smaller half) into val and test.
     train_fraction: float = checked(6 / 7, gt=0, le=1)
@@ -93,19 +93,19 @@ class PreprocessConfig:
     # train and the last is halved into val then test.  A file listed in both val_files and
     # test_files is halved likewise.
     train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
-    test_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)  # split=day: the validation files
+    test_files: list[str] = field(default_factory=list)  # split=day: the test files
     min_count: int = checked(
         1, ge=1
     )  # training ids seen fewer times share the rare row (the last row)
     hash_modulus: int = checked(
         0, ge=0
     )  # >0: id := id mod m before counting (the empty value stays MISSING_ID)
-    bad_lines: BadLines = BadLines.skip
+    bad_lines: BadLines = BadLines.skip  # a malformed line: skip it (counted, reported) or fail
     bad_line_reports: int = checked(
         10, ge=0
     )  # skip: how many bad lines to print as file:line: reason
-    rows_per_shard: int = checked(250_000, ge=1)
+    rows_per_shard: int = checked(250_000, ge=1)  # rows of every parquet shard but the last
     chunk_bytes: int = checked(
         32 << 20, ge=1
     )  # raw bytes parsed at a time per worker (memory ~ 10x this)

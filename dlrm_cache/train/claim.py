@@ -134,6 +134,16 @@ def hydra_subdir() -> str | None:
     return None if _holds_run(out) else SNAPSHOT
 
 
+def output_dir(resume: str | None, fresh: str) -> str:
+    """train's output directory (train.yaml's ``hydra.run.dir``): the run directory ``resume=``
+    names, so the run continues in place (its log, checkpoints and summary), else ``fresh`` (a new
+    directory per job).  A checkpoint directory (``RUN/checkpoints/step_N``) starts a new run
+    from that checkpoint and leaves RUN as it is; ``hydra.run.dir=`` overrides both."""
+    if resume and _holds_run(Path(resume)):
+        return str(resume)
+    return fresh
+
+
 def _snapshot(run_dir: Path, config: DictConfig) -> None:
     """Hydra's three snapshot files, as Hydra writes them into a fresh run directory."""
     from hydra.core.hydra_config import HydraConfig

@@ -619,8 +619,8 @@ CORPUS = [
         "output=" + "{tmp}/loop_a: cannot be resolved",
     ),
     (
-        "plan data_path a file",
-        lambda t, d: ["plan", f"data_path={_file(t)}"],
+        "plan data.path a file",
+        lambda t, d: ["plan", f"data.path={_file(t)}"],
         "manifest.json: no manifest",
     ),
     ("report a file", lambda t, d: ["report", str(_file(t))], "not a run directory"),

@@ -5,11 +5,12 @@ them are static and how many form the window (dynamic) region; the backend, ``dl
 ``dlrm-cache report``'s predictions all call it, so they cannot disagree.  (The sharding planner,
 parallel/placement.py, balances shards by the ratio's share alone: ``cache_rows_for``.)
 
-A static frequency cache holding the ``k`` most frequent rows serves exactly the accesses to those
-rows; on i.i.d. batches that is also what the ``freq`` policy converges to (its dynamic region keeps
-the highest-count rows seen, plus the current batches' cold rows).  The freq_cache pools its slots
-over all tables (see backend.py), so its prediction is the top-``sum(cache_rows)`` rows over the
-concatenated counts; the per-table numbers are what separate per-table caches would get.
+The hit rate of the cache as built (:func:`pooled_hit_rates`): the static region serves every
+access to its rows.  Its slots pooled over all tables (see backend.py), the dynamic region under the
+``freq`` policy keeps the hottest non-static rows of all tables that the window leaves room for,
+and the rest of it holds the cold rows of the batches in flight, which a batch finds resident when
+a recent batch used them.  ``plan_table``'s ``hit_rate_per_table_caches`` is what separate caches,
+each table holding its own share of the same slots, would get (top-k per table): what pooling gains.
 """
 
 from __future__ import annotations
@@ -149,6 +150,46 @@ def cache_layout(
     return CacheLayout(ratio_rows, static_rows, max(window, needed), needed)
 
 
+def _draw_probability(p: np.ndarray, draws: int) -> np.ndarray:
+    """P(a row of per-draw probability ``p`` is drawn at least once in ``draws`` draws)."""
+    return -np.expm1(draws * np.log1p(-np.minimum(p, 1.0 - 1e-12)))
+
+
+def pooled_hit_rates(
+    counts: Sequence[np.ndarray], layout: CacheLayout, lookahead: int, batch_size: int
+) -> np.ndarray:
+    """Per table: the expected share of its accesses the freq_cache of ``layout`` serves from its
+    slots, on batches of ``batch_size`` samples (one id per sample and table) drawn by ``counts``.
+
+    The model of the cache as built: the static region serves its rows.  In the dynamic region,
+    the ``lookahead + 1`` batches in flight pin their rows, so it holds ``P`` persistent rows (the
+    hottest non-static rows over all tables: the ``freq`` policy evicts the lowest counts first)
+    plus the expected distinct colder rows of those batches, with ``P`` the largest that fits in
+    ``window_rows``.  A colder row is resident before a batch is placed when one of the
+    ``lookahead + 1`` batches placed before it used it (their rows are the window's, evicted only
+    as later batches need the slots).  ``batch_size=0`` (no sizing): the window holds no cold rows.
+    """
+    cold = [_as_counts(c)[s:] for c, s in zip(counts, layout.static_rows)]
+    p = np.concatenate([c / max(_as_counts(a).sum(), 1.0) for c, a in zip(cold, counts)])
+    order = np.argsort(-np.concatenate(cold), kind="stable")  # the freq policy's ranking
+    draws = (lookahead + 1) * batch_size
+    in_flight = _draw_probability(p[order], draws)
+    # room[P]: persistent rows P plus the expected distinct in-flight rows outside them
+    room = np.arange(order.size + 1) + np.concatenate([np.cumsum(in_flight[::-1])[::-1], [0.0]])
+    persistent = int(np.searchsorted(room, layout.window_rows, side="right")) - 1
+    resident = np.ones(order.size)
+    resident[order[max(persistent, 0) :]] = in_flight[max(persistent, 0) :]
+    out = np.zeros(len(counts))
+    start = 0
+    for t, (c, a) in enumerate(zip(cold, counts)):
+        total = _as_counts(a).sum()
+        if total > 0:
+            served = total - c.sum() + float((c * resident[start : start + c.size]).sum())
+            out[t] = served / total
+        start += c.size
+    return out
+
+
 def plan_table(
     counts_by_table: Mapping[str, object],
     ratios: Sequence[float],
@@ -158,14 +199,12 @@ def plan_table(
 ) -> list[dict]:
     """One dict per ratio: ``ratio``, ``cache_rows`` (all slots, window sizing included),
     ``static_rows``, ``window_rows``, ``window_needed``, ``added_rows`` (see ``cache_layout``, the
-    freq policy's layout), ``hit_rate`` (all of the cache's slots, window sizing included, as one
-    pooled cache of the hottest rows: what the freq_cache predicts; a run from a cold cache, whose
-    window also holds the current batches' colder rows, measures somewhat less),
-    ``hit_rate_per_table_caches`` and ``per_table`` {name: hit rate} (the same slots as separate
-    caches, each table holding its own share: what pooling them gains)."""
+    freq policy's layout), ``hit_rate`` and ``per_table`` {name: hit rate} (the pooled cache as
+    built, :func:`pooled_hit_rates`; ``hit_rate`` weighs the tables by their accesses) and
+    ``hit_rate_per_table_caches`` (the same slots as separate top-k caches, each table holding its
+    own share: what pooling them gains)."""
     tables = {name: _as_counts(c) for name, c in counts_by_table.items()}
-    flat = np.concatenate(list(tables.values())) if tables else np.zeros(0)
-    total = flat.sum()
+    totals = np.array([c.sum() for c in tables.values()])
     out = []
     for r in ratios:
         if not 0 < r <= 1:
@@ -178,12 +217,11 @@ def plan_table(
             lookahead=lookahead,
             batch_size=batch_size,
         )
+        pooled = pooled_hit_rates(list(tables.values()), layout, lookahead, batch_size)
         # the per-table alternative at the same memory: the ratio scaled by the slots the window sizing
         # added (without them, each table's own share of the ratio)
         effective = min(1.0, r * layout.num_slots / max(1, int(layout.ratio_rows.sum())))
-        rows = {n: cache_rows_for(c.size, effective) for n, c in tables.items()}
-        per = {n: predict_hit_rate(c, rows[n]) for n, c in tables.items()}
-        weighted = sum(per[n] * c.sum() for n, c in tables.items()) / total if total > 0 else 0.0
+        separate = [predict_hit_rate(c, cache_rows_for(c.size, effective)) for c in tables.values()]
         out.append(
             dict(
                 ratio=float(r),
@@ -192,9 +230,14 @@ def plan_table(
                 window_rows=layout.window_rows,
                 window_needed=layout.window_needed,
                 added_rows=layout.added_rows,
-                hit_rate=predict_hit_rate(flat, layout.num_slots),
-                hit_rate_per_table_caches=float(weighted),
-                per_table=per,
+                hit_rate=_weighted(pooled, totals),
+                hit_rate_per_table_caches=_weighted(np.array(separate), totals),
+                per_table={n: float(h) for n, h in zip(tables, pooled)},
             )
         )
     return out
+
+
+def _weighted(rates: np.ndarray, accesses: np.ndarray) -> float:
+    total = accesses.sum()
+    return float((rates * accesses).sum() / total) if total > 0 else 0.0
