@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from .config import flatten
 from .data.format import atomic_write_text
 from .data.stats import SUMMARY as STATS_SUMMARY
+from .embedding.rates import rate_weight_key
 from .panels import Line, Panel
 from .rundir import (
     EVAL,
@@ -174,12 +175,14 @@ def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
             xlim=xlim,
         )
     )
-    rate_key = next((k for k in ("hit_rate", "hit_rate_distinct") if t and k in t[0]), None)
+    rate_key = next((k for k in ("hit_rate", "hit_rate_distinct") if any(k in r for r in t)), None)
     if rate_key:
         what = "lookups" if rate_key == "hit_rate" else "distinct ids"
-        lines = [Line(f"all tables ({what})", steps, [r[rate_key] for r in t], "-")]
+        # an interval without lookups has no rate: a gap in the line, not a fall to 0
+        lines = [Line(f"all tables ({what})", steps, [r.get(rate_key, math.nan) for r in t], "-")]
         for name in worst_hit_tables(run, worst_tables):
-            lines.append(Line(f"table {name}", steps, [r[f"hit_rate/{name}"] for r in t], "-"))
+            rates = [r.get(f"hit_rate/{name}", math.nan) for r in t]
+            lines.append(Line(f"table {name}", steps, rates, "-"))
         panels.append(
             Panel(
                 "hit_rate",
@@ -242,12 +245,17 @@ def per_step(train: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def worst_hit_tables(run: RunRecord, n: int) -> list[str]:
-    """The ``n`` tables with the lowest mean per-interval hit rate (ties: table order)."""
+    """The ``n`` tables with the lowest hit rate over the run's records (each interval's rate
+    weighted by its accesses; ties: table order)."""
     if not run.train or n <= 0:
         return []
-    names = [k.split("/", 1)[1] for k in run.train[0] if k.startswith("hit_rate/")]
-    mean = {name: sum(r[f"hit_rate/{name}"] for r in run.train) / len(run.train) for name in names}
-    return sorted(names, key=lambda name: mean[name])[:n]
+    keys = dict.fromkeys(k for r in run.train for k in r if k.startswith("hit_rate/"))
+    rates = {}
+    for k in keys:  # records written before the per-table counts: each interval weighs 1
+        w = [(r[k], r.get(rate_weight_key(k), 1.0)) for r in run.train if k in r]
+        rates[k.split("/", 1)[1]] = sum(v * n for v, n in w) / max(sum(n for _, n in w), 1e-30)
+    names = list(rates)
+    return sorted(names, key=lambda name: rates[name])[:n]
 
 
 def run_title(run: RunRecord) -> str:

@@ -25,7 +25,9 @@ REPORT_MD: Final = "report.md"
 
 # Record kinds, in the order a run writes them.
 START: Final = "start"  # a (re)start: step, total_steps, world_size, config (resolved)
-FIRST_STEP: Final = "first_step"  # step, startup_s (command start to the first step)
+FIRST_STEP: Final = (
+    "first_step"  # step, startup_s (job start to the first step; see train/timing.py)
+)
 TRAIN: Final = "train"  # step, epoch, loss, samples_per_s, the embedding counters of the interval
 EVAL: Final = "eval"  # step, split, auc, logloss, accuracy, samples
 CHECKPOINT: Final = "checkpoint"  # step, path

@@ -27,7 +27,7 @@ from .pipeline import Pipeline
 from .schedule import set_learning_rates
 from .signals import StopAgreement, exit_preempted, stop_signals
 from .step import train_step
-from .timing import Throughput, seconds_since_process_start
+from .timing import Throughput, begin_job, seconds_since_job_start
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ def find_oracle(manifest: Manifest) -> float | None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train and evaluate as ``cfg`` says; returns the final summary (also written to the run dir)."""
+    begin_job()
     # torchrun: one GPU per local rank
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     info: DistInfo = init_distributed(device, cfg.dist_timeout_s)
@@ -86,7 +87,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
         ) as pipeline:
             for batch in pipeline:
                 if math.isnan(startup_s):
-                    startup_s = seconds_since_process_start()
+                    startup_s = seconds_since_job_start()
                     run.log.write(FIRST_STEP, step=step, startup_s=startup_s)
                 set_learning_rates(model, run.opt, cfg, step)
                 loss = train_step(run.net, run.opt, batch)

@@ -8,6 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..embedding.rates import is_rate, rate_weight_key
+
 
 class EvalMetrics:
     """AUC, log loss and accuracy over one pass of a split (gathered across ranks at the end).
@@ -101,8 +103,10 @@ _LEVELS = {
 class StatsTotals:
     """Adds up the per-interval counters of ``EmbeddingBackend.stats()`` over a whole run.
 
-    Rates are averaged weighted by the accesses of each interval, sizes keep their last value,
-    everything else is summed.  ``combine`` merges the totals of several ranks.
+    Each rate is averaged weighted by the count it is a fraction of (``RATE_WEIGHTS``:
+    ``hit_rate/C3`` by ``accesses/C3``), so an interval's rate counts as much as its accesses and
+    an interval without any adds nothing; a rate never measured has no value.  Sizes keep their
+    last value, everything else is summed.  ``combine`` merges the totals of several ranks.
     """
 
     def __init__(self) -> None:
@@ -112,14 +116,14 @@ class StatsTotals:
         self.levels: dict[str, float] = {}
 
     def add(self, stats: dict[str, float]) -> None:
-        w = float(stats.get("accesses", 1.0))
         for k, v in stats.items():
             if k in _LEVELS:
                 self.levels[k] = v
-            elif "rate" in k:
-                weight = w if not k.startswith("hit_rate/") else 1.0
-                self.weighted[k] = self.weighted.get(k, 0.0) + v * weight
-                self.weight[k] = self.weight.get(k, 0.0) + weight
+            elif is_rate(k):
+                weight = stats.get(rate_weight_key(k), 0.0)
+                if weight and math.isfinite(v):
+                    self.weighted[k] = self.weighted.get(k, 0.0) + v * weight
+                    self.weight[k] = self.weight.get(k, 0.0) + weight
             else:
                 self.sums[k] = self.sums.get(k, 0.0) + v
 
