@@ -10,6 +10,7 @@ Hydra's ``.hydra/``; `report` adds ``report.png`` and ``report.md``.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,7 +100,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     for i, line in enumerate(metrics.read_text().splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                records.append(_nulls_as_nan(json.loads(line)))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{metrics}:{i}: not a JSON record ({e.msg})") from None
     if not records:
@@ -124,4 +125,14 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         summary: dict[str, Any] = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e.msg})") from None
-    return summary
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a summary (a JSON object of the run's results)")
+    return _nulls_as_nan(summary)
+
+
+def _nulls_as_nan(record: Any) -> Any:
+    """A record's ``null`` values as NaN: the writer writes a non-finite number (the AUC of an
+    empty validation split, a rate over no time) as ``null`` (data.format.to_json)."""
+    if isinstance(record, dict):
+        return {k: math.nan if v is None else v for k, v in record.items()}
+    return record

@@ -290,6 +290,27 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     ).read_text()
 
 
+def test_report_reads_the_null_auc_of_an_empty_validation_split(dataset_writer, tmp_path, capsys):
+    """train writes a non-finite metric (the AUC of no samples) as null; report reads its runs."""
+    data, run = tmp_path / "ds", tmp_path / "run"
+    dataset_writer(data, {"train": 1200, "val": 0}, [50, 200, 30])
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        overrides = [f"data.path={data}", f"run_dir={run}", *SMALL, "max_steps=4", "eval_every=2"]
+        train(compose(config_name="train", overrides=overrides))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["val_auc"] is None and summary["val_samples"] == 0
+    assert [r["auc"] for r in records(run) if r["kind"] == "eval"] == [None, None]
+    code, _, err = report_cli(capsys, str(run))
+    assert code == 0, err
+    assert_png(run / "report.png")
+    assert "| val_auc | n/a |" in (run / "report.md").read_text()
+    shutil.copytree(run, tmp_path / "again", ignore=shutil.ignore_patterns("report.*"))
+    code, _, err = report_cli(capsys, str(run), str(tmp_path / "again"), f"output={tmp_path}")
+    assert code == 0, err
+    assert "| 4 | n/a | n/a |" in (tmp_path / "report.md").read_text()
+
+
 def test_report_cli_positional_run_dir(sweep, tmp_path):
     res = cli("report", str(sweep[0] / "2"), f"output={tmp_path}", cwd=tmp_path)
     assert res.returncode == 0 and res.stderr == "", res.stderr
