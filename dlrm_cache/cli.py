@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .configstore import config_dir, register_configs
-from .console import quiet_known_noise
+from .console import quiet_known_noise, say
 from .data.format import WriteError
 from .ranges import validate
 
@@ -43,7 +43,7 @@ def _train(cfg: DictConfig) -> None:
 
     train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun: every rank ran this job, one tells
-        print(_train_epilogue(cfg.run_dir))
+        say(_train_epilogue(cfg.run_dir))
 
 
 def _train_epilogue(run_dir: str) -> str:
@@ -182,6 +182,10 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
             validate(cfg)
             fn(cfg)
         except USER_ERRORS as e:
+            if command == "train":  # a launch that failed leaves no empty run directory
+                from .train.claim import discard_failed_launch
+
+                discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..console import Progress
 from ..data.format import Manifest
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
@@ -22,7 +23,7 @@ from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .claim import claim_run_dir
-from .evaluate import evaluate
+from .evaluate import eval_batches, evaluate
 from .optim import build_dense_optimizer
 from .step import set_matmul_precision
 
@@ -189,6 +190,12 @@ class TrainingRun:
             self.cfg.eval_batches,
             self.cfg.data.prefetch_batches,
             self.embeddings,
+            progress=Progress(
+                eval_batches(stream, self.cfg.eval_batches),
+                f"step {step}: {split} evaluation",
+                bar=self.cfg.progress,
+                enabled=self.info.is_main,
+            ),
         )
         self.log.write(EVAL, step=step, split=split, **result)
         return result

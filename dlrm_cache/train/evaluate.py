@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..console import Progress
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend
 from .metrics import EvalMetrics
@@ -18,14 +19,28 @@ def evaluate(
     max_batches: int = -1,
     depth: int = 4,
     embeddings: EmbeddingBackend | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
-    """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too)."""
+    """Metrics over one pass of ``stream`` (training's pipeline; ``embeddings``' look-ahead too);
+    ``progress`` is told of every batch (and closed at the end)."""
     model.eval()
     metrics = EvalMetrics(device)
-    with Pipeline(stream.batches(), device, embeddings, depth=depth, train=False) as batches:
-        for i, batch in enumerate(batches):
-            if 0 <= max_batches <= i:
-                break
-            metrics.update(model(batch.dense, batch.sparse), batch.labels)
+    try:
+        with Pipeline(stream.batches(), device, embeddings, depth=depth, train=False) as batches:
+            for i, batch in enumerate(batches):
+                if 0 <= max_batches <= i:
+                    break
+                metrics.update(model(batch.dense, batch.sparse), batch.labels)
+                if progress is not None:
+                    progress.update()
+    finally:
+        if progress is not None:
+            progress.close()
     model.train()
     return metrics.compute()
+
+
+def eval_batches(stream: ShardStream, max_batches: int) -> int:
+    """The batches one evaluation pass reads (``max_batches`` < 0: the whole split)."""
+    return len(stream) if max_batches < 0 else min(len(stream), max_batches)

@@ -16,13 +16,14 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from ..config import config_dict
+from ..console import say
 from ..data.format import Manifest
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
 from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
 from .build import TrainingRun, build_run, restore
 from .claim import release as release_run_dirs
 from .guard import LossGuard
-from .metrics import StatsTotals, format_table
+from .metrics import StatsTotals, format_table, interval_line
 from .pipeline import Pipeline
 from .schedule import set_learning_rates
 from .signals import StopAgreement, exit_preempted, stop_signals
@@ -116,6 +117,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         **emb_stats,
                     )
                     bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
+                    if info.is_main:  # the bar shows it: then the log file only
+                        line = interval_line(step, run.total_steps, mean_loss, rate, emb_stats)
+                        say(line, console=not cfg.progress)
                     loss_sum.zero_()
                     loss_n = 0
                 bar.update(1)
@@ -127,7 +131,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         result = run.evaluate(step)
                         embeddings.reset_stats()
                     if info.is_main:
-                        bar.write(
+                        say(
                             f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}"
                         )
                 if (
@@ -183,7 +187,7 @@ def summarize(
         write_summary(run.run_dir, summary)
         # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
         shown = [(k, v) for k, v in summary.items() if "/" not in k]
-        print(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
+        say(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
     return summary
 
 

@@ -63,6 +63,18 @@ class EvalMetrics:
         }
 
 
+def interval_line(
+    step: int, total_steps: int, loss: float, samples_per_s: float, stats: dict[str, float]
+) -> str:
+    """A log interval for people: its step, mean loss, throughput and cache hit rate."""
+    parts = [f"step {step:,}/{total_steps:,}: loss {loss:.4f}", f"{samples_per_s:,.0f} samples/s"]
+    for key, what in (("hit_rate", "hit rate"), ("hit_rate_distinct", "hit rate (distinct ids)")):
+        if key in stats:
+            parts.append(f"{what} {stats[key]:.4f}")
+            break
+    return ", ".join(parts)
+
+
 def format_table(rows: list[tuple[str, object]], title: str = "") -> str:
     """A two-column table: name | value."""
     cells = [(k, _fmt(v)) for k, v in rows]
