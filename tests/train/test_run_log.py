@@ -93,9 +93,8 @@ def test_a_failed_launch_leaves_no_run_directory(shared_small_dataset: Path, tmp
     # the default layout (runs/train/<date>/<time>): neither the job's nor the date's directory
     res = run_cli("train", f"data.path={tmp_path / 'nowhere'}", "device=cpu", cwd=tmp_path)
     assert res.returncode == 1
-    assert [p.relative_to(tmp_path / "runs") for p in (tmp_path / "runs").rglob("*")] == [
-        Path("train")
-    ]
+    left = [p.relative_to(tmp_path) for p in (tmp_path / "runs").rglob("*")]
+    assert left in ([], [Path("runs/train")]), left
     # a directory that holds anything else stays as it was
     kept = tmp_path / "kept"
     kept.mkdir()
