@@ -13,11 +13,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .config import flatten
+from .config import backend_name, flatten
 from .data.format import atomic_write_text
 from .data.stats import SUMMARY as STATS_SUMMARY
 from .embedding.rates import rate_weight_key
 from .panels import Line, Panel
+from .readable import format_value, summary_order
 from .rundir import (
     EVAL,
     METRICS,
@@ -58,7 +59,8 @@ class RunRecord:
         return self.summary
 
     def placement(self) -> str:
-        return str(self.config.get("embedding", {}).get("_target_", "?")).rsplit(".", 1)[-1]
+        """The embedding placement by the name the user typed (``freq_cache``)."""
+        return backend_name(self.config.get("embedding", {}).get("_target_", "?"))
 
 
 @dataclass
@@ -334,7 +336,7 @@ def _label(values: dict[str, Any], present: list[str]) -> str:
 
 def _short(v: Any) -> str:
     if isinstance(v, str) and "." in v and v.rsplit(".", 1)[-1][:1].isupper():  # a _target_ class
-        return v.rsplit(".", 1)[-1]
+        return backend_name(v)
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
@@ -499,14 +501,6 @@ def sweep_title(sweep: Sweep, where: str) -> str:
 
 
 # ----------------------------------------------------------------------------------- markdown
-def _fmt(v: Any) -> str:
-    if isinstance(v, float) and v.is_integer():  # counters that stats() reports as floats
-        return f"{int(v):,}"
-    if isinstance(v, float):
-        return "n/a" if math.isnan(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4f}")
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
 def run_markdown(run: RunRecord, worst: list[str]) -> str:
     out = [
         f"# dlrm-cache report: {run.path}",
@@ -523,7 +517,8 @@ def run_markdown(run: RunRecord, worst: list[str]) -> str:
         ]
     else:
         out += ["| result | value |", "|---|---|"]
-        out += [f"| {k} | {_fmt(v)} |" for k, v in run.summary.items() if "/" not in k]
+        shown = summary_order(run.summary).items()
+        out += [f"| {k} | {format_value(k, v)} |" for k, v in shown if "/" not in k]
         out.append("")
     if worst and run.summary:
         rates = ", ".join(
@@ -532,6 +527,10 @@ def run_markdown(run: RunRecord, worst: list[str]) -> str:
         )
         out += [f"Lowest per-table hit rates (whole run): {rates}", ""]
     return "\n".join(out)
+
+
+# the summary keys of a sweep's table, after steps (then plan's hit rate)
+_SWEEP_COLUMNS = ("val_auc", "val_logloss", "train_samples_per_s", "embedding_hit_rate")
 
 
 def sweep_markdown(sweep: Sweep, where: str) -> str:
@@ -555,9 +554,9 @@ def sweep_markdown(sweep: Sweep, where: str) -> str:
             " | ".join("-" if f.get(k) is None else _short(f.get(k)) for k in sweep.keys) or "same"
         )
         out.append(
-            f"| {r.name} | {vals} | {s['steps']:,} | {_fmt(s.get('val_auc', math.nan))} "
-            f"| {_fmt(s.get('val_logloss', math.nan))} | {_fmt(s.get('train_samples_per_s', math.nan))} "
-            f"| {_fmt(s.get('embedding_hit_rate', math.nan))} | {_fmt(p) if p is not None else 'n/a'} |"
+            f"| {r.name} | {vals} | {format_value('steps', s['steps'])} "
+            + "".join(f"| {format_value(k, s.get(k))} " for k in _SWEEP_COLUMNS)
+            + f"| {format_value('hit_rate', p)} |"
         )
     if sweep.unfinished:
         out += [

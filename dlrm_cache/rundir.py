@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .data.format import atomic_write_text, to_json
+from .readable import summary_order
 
 METRICS: Final = "metrics.jsonl"
 SUMMARY: Final = "summary.json"
@@ -113,7 +114,9 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    atomic_write_text(run_dir / SUMMARY, to_json(summary, indent=2, default=str))
+    """summary.json, the keys a person looks for first (``readable.SUMMARY_FIRST``)."""
+    text = to_json(summary_order(summary), indent=2, default=str)
+    atomic_write_text(run_dir / SUMMARY, text)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

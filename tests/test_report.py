@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,6 +112,42 @@ def test_train_says_where_its_files_are_and_the_console_is_clean(sweep):
     # torchrec's first forward triggers torch.fx's is_fx_tracing notice: filtered at its logger
     assert "is_fx_tracing" not in res.stderr and "Traceback" not in res.stderr
     assert res.stderr.strip() == "", res.stderr
+
+
+def test_the_summary_reads_as_numbers_for_people(sweep):
+    """Console table, summary.json and report.md: what matters first, integers for counts, seconds
+    and bytes in units, the placement by the name typed; summary.json keeps plain numbers."""
+    root, res = sweep
+    first = ["val_auc", "val_logloss", "train_samples_per_s", "embedding_hit_rate"]
+    tables = res.stdout.split("dlrm-cache train: ")[1:]
+    assert len(tables) == 3
+    for job, table in enumerate(tables):
+        summary = json.loads((root / str(job) / "summary.json").read_text())
+        assert list(summary)[:4] == first  # the file in the same order, its values plain numbers
+        assert isinstance(summary["embedding_cache_bytes"], float)
+        rows = dict(re.findall(r"^\| (\S+) +\| +(.+?) \|$", table, re.M))
+        assert list(rows)[:4] == first
+        assert rows["val_auc"] == f"{summary['val_auc']:.4f}"
+        assert rows["train_samples_per_s"] == f"{summary['train_samples_per_s']:,.0f}"
+        assert rows["steps"] == "12" and rows["train_samples"] == f"{12 * 256:,}"
+        assert rows["embedding_accesses"] == f"{26 * 12 * 256:,}"
+        assert re.fullmatch(r"\d[\d.]* (s|ms)", rows["startup_s"]), rows["startup_s"]
+        assert re.fullmatch(r"\d[\d.]* (s|ms)", rows["train_seconds"]), rows["train_seconds"]
+        mb = summary["embedding_cache_bytes"] / 1e6
+        assert rows["embedding_cache_bytes"] == (f"{mb:,.1f} MB" if mb >= 1 else f"{mb:.3f} MB")
+    assert res.stdout.count("embedding=freq_cache\n") == 3 and "Backend" not in res.stdout
+    code, _, err = report_cli_in(root / "0")
+    assert code == 0, err
+    md = (root / "0" / "report.md").read_text()
+    assert "\nfreq_cache cache_ratio=0.02 | 12 steps" in md
+    rows = re.findall(r"^\| (\S+) \| (.+) \|$", md, re.M)[1:]
+    assert [k for k, _ in rows[:4]] == first
+    assert dict(rows)["embedding_cache_bytes"].endswith(" MB")
+
+
+def report_cli_in(run: Path) -> tuple[int, str, str]:
+    res = cli("report", str(run), cwd=run)
+    return res.returncode, res.stdout, res.stderr
 
 
 def test_one_run_panels_are_the_runs_records(sweep):
@@ -276,7 +313,7 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     assert_png(out_dir / "report.png")
     s = compare([load_run(sweep[0] / "0"), load_run(host_run)])
     assert not s.numeric and "embedding._target_" in s.keys and s.x == [0, 1]
-    assert s.labels == ["FreqCacheBackend\ncache_ratio=0.02", "HostBackend"]
+    assert s.labels == ["freq_cache\ncache_ratio=0.02", "host"]  # as the user typed them
     assert split_run_dirs([str(host_run), "b", "output=x", "runs=[c]"]) == (
         [str(host_run), "b"],
         ["output=x", "runs=[c]"],

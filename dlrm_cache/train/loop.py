@@ -15,10 +15,11 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from ..config import config_dict
+from ..config import backend_name, config_dict
 from ..console import say
 from ..data.format import Manifest
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
+from ..readable import summary_order
 from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
 from .build import TrainingRun, build_run, restore
 from .claim import release as release_run_dirs
@@ -186,7 +187,7 @@ def summarize(
     if run.info.is_main:
         write_summary(run.run_dir, summary)
         # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
-        shown = [(k, v) for k, v in summary.items() if "/" not in k]
+        shown = [(k, v) for k, v in summary_order(summary).items() if "/" not in k]
         say(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
     return summary
 
@@ -202,7 +203,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
             f"{sum(run.manifest.table_sizes):,}",
             run.total_steps,
             cfg.data.batch_size,
-            cfg.embedding._target_.rsplit(".", 1)[-1],
+            backend_name(cfg.embedding._target_),
         )
     run.log.write(
         START,

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..embedding.rates import is_rate, rate_weight_key
+from ..readable import format_value
 
 
 class EvalMetrics:
@@ -76,8 +77,8 @@ def interval_line(
 
 
 def format_table(rows: list[tuple[str, object]], title: str = "") -> str:
-    """A two-column table: name | value."""
-    cells = [(k, _fmt(v)) for k, v in rows]
+    """A two-column table: name | value (written as ``readable.format_value`` says for the name)."""
+    cells = [(k, format_value(k, v)) for k, v in rows]
     w0 = max(len(k) for k, _ in cells)
     w1 = max(len(v) for _, v in cells)
     line = "+" + "-" * (w0 + 2) + "+" + "-" * (w1 + 2) + "+"
@@ -86,18 +87,6 @@ def format_table(rows: list[tuple[str, object]], title: str = "") -> str:
     out.extend(f"| {k:<{w0}} | {v:>{w1}} |" for k, v in cells)
     out.append(line)
     return "\n".join(out)
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        if v.is_integer() and abs(v) >= 1000:  # counters that stats() reports as floats
-            return f"{int(v):,}"
-        return f"{v:,.4f}" if abs(v) < 1000 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
 
 
 # Embedding stats that describe the cache (take the latest value) rather than count events.
