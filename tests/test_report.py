@@ -28,11 +28,11 @@ from dlrm_cache.embedding.freq_cache.layout import plan_table
 from dlrm_cache.report import (
     compare,
     find_runs,
-    load_run,
     run_panels,
     sweep_panels,
     worst_hit_tables,
 )
+from dlrm_cache.runs import load_run
 from dlrm_cache.train.loop import train
 
 RATIOS = [0.02, 0.05, 0.2]
