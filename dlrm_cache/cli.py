@@ -188,6 +188,7 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
+            say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)
