@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .configstore import config_dir, register_configs
-from .console import quiet_known_noise
+from .console import quiet_known_noise, say
 from .data.format import WriteError
 from .ranges import validate
 from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
@@ -46,7 +46,7 @@ def _train(cfg: DictConfig) -> None:
 
     train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun: every rank ran this job, one tells
-        print(_train_epilogue(cfg.run_dir))
+        say(_train_epilogue(cfg.run_dir))
 
 
 def _train_epilogue(run_dir: str) -> str:
@@ -210,8 +210,13 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
             validate(cfg)
             fn(cfg)
         except USER_ERRORS as e:
+            if command == "train":  # a launch that failed leaves no empty run directory
+                from .train.claim import discard_failed_launch
+
+                discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
+            say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)

@@ -149,6 +149,13 @@ def backend_target(name: str) -> str:
     return EMBEDDING_SCHEMAS[Backend(name)]._target_
 
 
+def backend_name(target: str) -> str:
+    """The name a user types (``embedding=freq_cache``) of the backend class ``target`` (a dotted
+    path); a class of no :class:`Backend` (a custom ``_target_``): its class name."""
+    names = {schema._target_: backend.value for backend, schema in EMBEDDING_SCHEMAS.items()}
+    return names.get(str(target), str(target).rsplit(".", 1)[-1])
+
+
 # --------------------------------------------------------------------------- commands
 @dataclass
 class LoggerConfig:

@@ -1,4 +1,8 @@
-"""A clean console: the known, harmless third-party messages are dropped where they are emitted.
+"""The console: what a command says to the person running it, the same lines in the job's log file,
+progress, and the known, harmless third-party messages dropped where they are emitted.
+
+``say`` writes a line on stdout (above a progress bar when one is showing) and, through Hydra's
+file handler (``train.log``), into the log file, so the file holds every line the console shows.
 
 Each entry names one message (a regex anchored at its start), the logger or warning category that
 carries it, and why it is harmless.  Everything else, including other messages of the same loggers
@@ -10,8 +14,11 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import warnings
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 
 @dataclass(frozen=True)
@@ -85,3 +92,52 @@ def quiet_known_noise() -> None:
         logger.addFilter(KnownMessageFilter(patterns))
     for w in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=w.message, category=w.category)
+
+
+def say(text: str, console: bool = True) -> None:
+    """``text`` (one or more lines) on stdout, unless not ``console``, and in the job's log files
+    (the file handlers Hydra's job logging installed on the root logger; none outside a job)."""
+    if console:
+        tqdm.write(text)
+    record = logging.LogRecord("dlrm_cache", logging.INFO, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+class Progress:
+    """Progress through ``total`` items: a tqdm bar with ``bar``; else, for a pass long enough to
+    wait for (``lines_from`` items or more), a line at each quarter (with the rate and the time
+    left), said on the console and in the log file.  ``enabled=False``: nothing at all."""
+
+    QUARTERS = (0.25, 0.5, 0.75)
+
+    def __init__(
+        self, total: int, what: str, bar: bool, enabled: bool = True, lines_from: int = 8
+    ) -> None:
+        self.total, self.what, self.done = total, what, 0
+        self.bar = (
+            tqdm(total=total, desc=what, unit="batch", dynamic_ncols=True, leave=False)
+            if (enabled and bar)
+            else None
+        )
+        marks = self.QUARTERS if enabled and not bar and total >= lines_from else ()
+        self.marks = [max(1, round(q * total)) for q in marks]
+        self.t0 = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        while self.marks and self.done >= self.marks[0]:
+            self.marks.pop(0)
+            elapsed = time.perf_counter() - self.t0
+            left = elapsed * (self.total - self.done) / self.done
+            say(
+                f"{self.what}: {self.done:,}/{self.total:,} batches "
+                f"({100 * self.done / self.total:.0f}%), {elapsed:.1f} s, about {left:.0f} s left"
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

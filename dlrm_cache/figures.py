@@ -66,6 +66,8 @@ def draw_panels(panels: Sequence[Panel], title: str, path: Path, columns: int = 
                 drawn.set_linestyle("none")
             if line.annotate:
                 for x, y in zip(line.x, line.y):
+                    if not math.isfinite(y):  # no value (an empty split's AUC): no label
+                        continue
                     ax.annotate(
                         format(y, line.annotate),
                         (x, y),

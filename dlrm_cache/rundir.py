@@ -10,12 +10,14 @@ Hydra's ``.hydra/``; `report` adds ``report.png`` and ``report.md``.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 from .data.format import atomic_write_text, to_json
+from .readable import summary_order
 
 METRICS: Final = "metrics.jsonl"
 SUMMARY: Final = "summary.json"
@@ -25,7 +27,9 @@ REPORT_MD: Final = "report.md"
 
 # Record kinds, in the order a run writes them.
 START: Final = "start"  # a (re)start: step, total_steps, world_size, config (resolved)
-FIRST_STEP: Final = "first_step"  # step, startup_s (command start to the first step)
+FIRST_STEP: Final = (
+    "first_step"  # step, startup_s (job start to the first step; see train/timing.py)
+)
 TRAIN: Final = "train"  # step, epoch, loss, samples_per_s, the embedding counters of the interval
 EVAL: Final = "eval"  # step, split, auc, logloss, accuracy, samples
 CHECKPOINT: Final = "checkpoint"  # step, path
@@ -97,7 +101,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     for i, line in enumerate(metrics.read_text().splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                records.append(_nulls_as_nan(json.loads(line)))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{metrics}:{i}: not a JSON record ({e.msg})") from None
     if not records:
@@ -110,7 +114,9 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    atomic_write_text(run_dir / SUMMARY, to_json(summary, indent=2, default=str))
+    """summary.json, the keys a person looks for first (``readable.SUMMARY_FIRST``)."""
+    text = to_json(summary_order(summary), indent=2, default=str)
+    atomic_write_text(run_dir / SUMMARY, text)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -122,4 +128,14 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         summary: dict[str, Any] = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e.msg})") from None
-    return summary
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a summary (a JSON object of the run's results)")
+    return _nulls_as_nan(summary)
+
+
+def _nulls_as_nan(record: Any) -> Any:
+    """A record's ``null`` values as NaN: the writer writes a non-finite number (the AUC of an
+    empty validation split, a rate over no time) as ``null`` (data.format.to_json)."""
+    if isinstance(record, dict):
+        return {k: math.nan if v is None else v for k, v in record.items()}
+    return record

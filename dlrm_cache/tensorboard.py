@@ -7,10 +7,12 @@ few protobuf fields needed are encoded by hand here (and decoded by :func:`read_
 checks every CRC), so the only cost of the option is this module: no new dependency.
 
 :class:`TensorBoardLog` turns every record train writes to metrics.jsonl into scalars at its
-``step``: ``<kind>/<field>`` for each number (``train/loss``, ``train/samples_per_s``,
-``train/hit_rate``, ``train/bytes_loaded``, ``first_step/startup_s``, ...), ``<split>/<field>``
-for evaluations (``val/auc``, ``test/logloss``).  Values are float32 in the file; metrics.jsonl
-stays the source of truth.  Each record is flushed as it is written, so
+``step``, tagged so that TensorBoard's cards (grouped by a tag's first part) put the few numbers
+that matter apart from the bookkeeping (:func:`scalar_tag`): ``main/`` (training loss, samples/s,
+the cache hit rate, validation and test AUC and log loss), ``cache/`` (the cache's other
+counters), ``tables/`` (per-table counters), ``time/`` (durations: start-up, stalls),
+``<split>/`` (an evaluation's other numbers), ``summary/``.  Values are float32 in the file;
+metrics.jsonl stays the source of truth.  Each record is flushed as it is written, so
 ``tensorboard --logdir runs/`` shows a run live.
 """
 
@@ -25,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .readable import is_seconds
 
 FILE_VERSION = "brain.Event:2"
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -108,11 +112,38 @@ def event(
 
 
 # ------------------------------------------------------------------------------------ writing
+# (record kind or split, field) -> its tag among the cards that matter
+MAIN_TAGS = {
+    ("train", "loss"): "main/loss",
+    ("train", "samples_per_s"): "main/samples_per_s",
+    ("train", "hit_rate"): "main/hit_rate",
+    ("val", "auc"): "main/val_auc",
+    ("val", "logloss"): "main/val_logloss",
+    ("test", "auc"): "main/test_auc",
+    ("test", "logloss"): "main/test_logloss",
+}
+
+
+def scalar_tag(prefix: str, field: str) -> str:
+    """The tag of ``field`` of a record of kind (or evaluation split) ``prefix``."""
+    if (prefix, field) in MAIN_TAGS:
+        return MAIN_TAGS[prefix, field]
+    if prefix == "summary":
+        return f"summary/{field}"
+    if "/" in field:  # hit_rate/C3, accesses/C3
+        return f"tables/{field}"
+    if is_seconds(field):
+        return f"time/{field}"
+    if prefix == "train" and field != "epoch":  # the embedding counters of the interval
+        return f"cache/{field}"
+    return f"{prefix}/{field}"
+
+
 def record_scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
     """The numbers of a metrics.jsonl record as (tag, value); strings, lists, dicts are left out."""
     prefix = str(record["split"]) if "split" in record else str(record.get("kind", "record"))
     return [
-        (f"{prefix}/{k}", float(v))
+        (scalar_tag(prefix, k), float(v))
         for k, v in record.items()
         if k not in _SKIP_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)
     ]

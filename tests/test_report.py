@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,11 @@ from dlrm_cache.embedding.freq_cache.layout import plan_table
 from dlrm_cache.report import (
     compare,
     find_runs,
-    load_run,
     run_panels,
     sweep_panels,
     worst_hit_tables,
 )
+from dlrm_cache.runs import load_run
 from dlrm_cache.train.loop import train
 
 RATIOS = [0.02, 0.05, 0.2]
@@ -122,6 +123,42 @@ def test_train_says_where_its_files_are_and_the_console_is_clean(sweep):
     assert res.stderr.strip() == "", res.stderr
 
 
+def test_the_summary_reads_as_numbers_for_people(sweep):
+    """Console table, summary.json and report.md: what matters first, integers for counts, seconds
+    and bytes in units, the placement by the name typed; summary.json keeps plain numbers."""
+    root, res = sweep
+    first = ["val_auc", "val_logloss", "train_samples_per_s", "embedding_hit_rate"]
+    tables = res.stdout.split("dlrm-cache train: ")[1:]
+    assert len(tables) == 3
+    for job, table in enumerate(tables):
+        summary = json.loads((root / str(job) / "summary.json").read_text())
+        assert list(summary)[:4] == first  # the file in the same order, its values plain numbers
+        assert isinstance(summary["embedding_cache_bytes"], float)
+        rows = dict(re.findall(r"^\| (\S+) +\| +(.+?) \|$", table, re.M))
+        assert list(rows)[:4] == first
+        assert rows["val_auc"] == f"{summary['val_auc']:.4f}"
+        assert rows["train_samples_per_s"] == f"{summary['train_samples_per_s']:,.0f}"
+        assert rows["steps"] == "12" and rows["train_samples"] == f"{12 * 256:,}"
+        assert rows["embedding_accesses"] == f"{26 * 12 * 256:,}"
+        assert re.fullmatch(r"\d[\d.]* (s|ms)", rows["startup_s"]), rows["startup_s"]
+        assert re.fullmatch(r"\d[\d.]* (s|ms)", rows["train_seconds"]), rows["train_seconds"]
+        mb = summary["embedding_cache_bytes"] / 1e6
+        assert rows["embedding_cache_bytes"] == (f"{mb:,.1f} MB" if mb >= 1 else f"{mb:.3f} MB")
+    assert res.stdout.count("embedding=freq_cache\n") == 3 and "Backend" not in res.stdout
+    code, _, err = report_cli_in(root / "0")
+    assert code == 0, err
+    md = (root / "0" / "report.md").read_text()
+    assert "\nfreq_cache cache_ratio=0.02 | 12 steps" in md
+    rows = re.findall(r"^\| (\S+) \| (.+) \|$", md, re.M)[1:]
+    assert [k for k, _ in rows[:4]] == first
+    assert dict(rows)["embedding_cache_bytes"].endswith(" MB")
+
+
+def report_cli_in(run: Path) -> tuple[int, str, str]:
+    res = cli("report", str(run), cwd=run)
+    return res.returncode, res.stdout, res.stderr
+
+
 def test_one_run_panels_are_the_runs_records(sweep):
     run_dir = sweep[0] / "0"
     run = load_run(run_dir)
@@ -151,10 +188,10 @@ def test_one_run_panels_are_the_runs_records(sweep):
         (f"planted model (oracle) AUC {summary['oracle_auc']:.4f}", summary["oracle_auc"])
     ]
     assert panels["val_logloss"].lines[0].y == [r["logloss"] for r in evals]
-    # the two tables with the lowest mean hit rate, recomputed here
+    # the two tables with the lowest hit rate over the run: the summary's, recomputed by train
     tables = sorted(
-        (k[len("hit_rate/") :] for k in train_recs[0] if k.startswith("hit_rate/")),
-        key=lambda t: sum(r[f"hit_rate/{t}"] for r in train_recs),
+        (k[len("embedding_hit_rate/") :] for k in summary if k.startswith("embedding_hit_rate/")),
+        key=lambda t: summary[f"embedding_hit_rate/{t}"],
     )[:2]
     hit = panels["hit_rate"].lines
     assert [line.label for line in hit] == ["all tables (lookups)"] + [f"table {t}" for t in tables]
@@ -168,6 +205,45 @@ def test_one_run_panels_are_the_runs_records(sweep):
     stall, wait = panels["waits"].lines
     assert stall.y == pytest.approx([1000 * r["stall_s"] / 3 for r in train_recs])
     assert wait.y == pytest.approx([1000 * r["transfer_wait_s"] / 3 for r in train_recs])
+
+
+def test_hit_rates_are_the_raw_counters_weighted_by_accesses(sweep):
+    """log_every=3, eval_every=6: the interval after each evaluation once counted an empty
+    interval's 0.0 per table with weight 1 (per-table rates halved).  Recomputed here from the
+    counts: one lookup per sample per table, per-table hits adding up to the pooled hits."""
+    for job in range(3):
+        run_dir = sweep[0] / str(job)
+        train_recs = [r for r in records(run_dir) if r["kind"] == "train"]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        names = [k.split("/", 1)[1] for k in summary if k.startswith("embedding_hit_rate/")]
+        assert len(names) == 26
+        for r in train_recs:
+            each = r["accesses"] / 26  # every sample looks up one row of every table
+            per_table = [r.get(f"hit_rate/{t}", 0) * each for t in names]
+            assert per_table == pytest.approx([round(h) for h in per_table], abs=1e-6)
+            assert sum(per_table) == pytest.approx(r["hit_rate"] * r["accesses"], abs=1e-6)
+        assert all(r[f"accesses/{t}"] == r["accesses"] / 26 for r in train_recs for t in names)
+        for t in names:
+            accesses = sum(r[f"accesses/{t}"] for r in train_recs)
+            assert accesses == summary["train_samples"] == summary[f"embedding_accesses/{t}"]
+            hits = sum(round(r[f"hit_rate/{t}"] * r[f"accesses/{t}"]) for r in train_recs)
+            assert summary[f"embedding_hit_rate/{t}"] == pytest.approx(hits / accesses, abs=1e-12)
+        assert summary["embedding_accesses"] == 26 * summary["train_samples"]
+
+
+def test_startup_is_measured_per_job_of_a_sweep(sweep):
+    """The jobs of `train -m` run in one process: a later job's start-up does not include the
+    earlier jobs (it was the time since the process started: 2.7 -> 7.2 -> 11.0 s)."""
+    root = sweep[0]
+    startup = []
+    for job in range(3):
+        recs = records(root / str(job))
+        (first,) = [r for r in recs if r["kind"] == "first_step"]
+        # the log opens after the job has started: its clock is a lower bound
+        assert first["startup_s"] >= first["time"]
+        startup.append(first["startup_s"])
+    # job 0 waited for the interpreter and the imports; jobs 1 and 2 only for their build
+    assert startup[1] < startup[0] and startup[2] < startup[0], startup
 
 
 def test_host_run_has_no_cache_panels(host_run):
@@ -246,7 +322,7 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     assert_png(out_dir / "report.png")
     s = compare([load_run(sweep[0] / "0"), load_run(host_run)])
     assert not s.numeric and "embedding._target_" in s.keys and s.x == [0, 1]
-    assert s.labels == ["FreqCacheBackend\ncache_ratio=0.02", "HostBackend"]
+    assert s.labels == ["freq_cache\ncache_ratio=0.02", "host"]  # as the user typed them
     assert split_run_dirs([str(host_run), "b", "output=x", "runs=[c]"]) == (
         [str(host_run), "b"],
         ["output=x", "runs=[c]"],
@@ -258,6 +334,27 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     assert (tmp_path / "cmp2" / "report.md").read_text().replace("cmp2", "cmp") == (
         out_dir / "report.md"
     ).read_text()
+
+
+def test_report_reads_the_null_auc_of_an_empty_validation_split(dataset_writer, tmp_path, capsys):
+    """train writes a non-finite metric (the AUC of no samples) as null; report reads its runs."""
+    data, run = tmp_path / "ds", tmp_path / "run"
+    dataset_writer(data, {"train": 1200, "val": 0}, [50, 200, 30])
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        overrides = [f"data.path={data}", f"run_dir={run}", *SMALL, "max_steps=4", "eval_every=2"]
+        train(compose(config_name="train", overrides=overrides))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["val_auc"] is None and summary["val_samples"] == 0
+    assert [r["auc"] for r in records(run) if r["kind"] == "eval"] == [None, None]
+    code, _, err = report_cli(capsys, str(run))
+    assert code == 0, err
+    assert_png(run / "report.png")
+    assert "| val_auc | n/a |" in (run / "report.md").read_text()
+    shutil.copytree(run, tmp_path / "again", ignore=shutil.ignore_patterns("report.*"))
+    code, _, err = report_cli(capsys, str(run), str(tmp_path / "again"), f"output={tmp_path}")
+    assert code == 0, err
+    assert "| 4 | n/a | n/a |" in (tmp_path / "report.md").read_text()
 
 
 def test_report_cli_positional_run_dir(sweep, tmp_path):

@@ -138,7 +138,12 @@ class EmbeddingBackend(nn.Module):
 
     def stats(self) -> dict[str, float]:
         """Counters since the last :meth:`reset_stats` (or construction): hit rate, rows/bytes
-        moved, stall time, memory.  Reading them changes nothing."""
+        moved, stall time, memory.  Reading them changes nothing.
+
+        A rate (a key of ``rates.RATE_WEIGHTS``, or ``<rate>/<table>``) is a fraction of the count
+        named there (``hit_rate/C3`` of ``accesses/C3``), which is reported beside it, so that
+        rates of several intervals add up weighted by what they count; a rate of nothing (no
+        accesses in the interval) is left out, not reported as 0."""
         return {}
 
     def reset_stats(self) -> None:

@@ -151,9 +151,10 @@ class UvmCacheBackend(TbeBackend):
         # UVMCacheStatsIndex: calls, requested, unique, unique misses, conflict unique, conflict misses
         unique, misses = s[2], s[3]
         rb = self.optim.row_bytes(self.dim)
+        # fbgemm's LFU path does not update these two counters: no rate, not a made-up one
+        rate = {"hit_rate_distinct": 1.0 - misses / unique} if unique else {}
         return {
-            # fbgemm's LFU path does not update these two counters: nan, not a made-up rate
-            "hit_rate_distinct": 1.0 - misses / unique if unique else float("nan"),
+            **rate,
             "distinct_ids": float(unique),
             "rows_loaded": float(misses),
             "bytes_loaded": float(misses * rb),

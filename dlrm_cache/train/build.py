@@ -14,6 +14,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..console import Progress
 from ..data.format import Manifest, one_line
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
@@ -24,7 +25,7 @@ from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
 from .claim import claim_run_dir
-from .evaluate import evaluate
+from .evaluate import eval_batches, evaluate
 from .optim import build_dense_optimizer, dense_state_floats
 from .signals import StopAgreement
 from .step import set_matmul_precision
@@ -233,6 +234,12 @@ class TrainingRun:
             self.cfg.data.prefetch_batches,
             self.embeddings,
             self.stop.requested if self.stop is not None else None,
+            progress=Progress(
+                eval_batches(stream, self.cfg.eval_batches),
+                f"step {step}: {split} evaluation",
+                bar=self.cfg.progress,
+                enabled=self.info.is_main,
+            ),
         )
         self.log.write(EVAL, step=step, split=split, **result)
         return result

@@ -18,8 +18,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -219,3 +221,27 @@ def _remove(path: Path) -> None:
         shutil.rmtree(aside)
     else:
         path.unlink()
+
+
+def discard_failed_launch() -> None:
+    """Remove the run directory of a train job that failed before it wrote anything (bad config,
+    missing data): one that holds only what Hydra wrote for the job (``.hydra/``, ``train*.log``),
+    and its date directory (``runs/train/<date>/``) if that is left empty.  Rank 0 only; a
+    directory holding anything else (a run, a lock, a user's file) is left as it is."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or int(os.environ.get("RANK", "0")) != 0:
+        return
+    out = Path(HydraConfig.get().runtime.output_dir).resolve()
+    try:
+        names = [p.name for p in out.iterdir()]
+    except OSError:
+        return
+    hydras = all(n == SNAPSHOT or (n.startswith("train") and n.endswith(".log")) for n in names)
+    if not hydras or out == Path.cwd().resolve():
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    parent = out.parent
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", parent.name):
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # only if empty

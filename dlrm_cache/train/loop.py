@@ -15,20 +15,22 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from ..config import config_dict
+from ..config import backend_name, config_dict
+from ..console import say
 from ..data.format import Manifest
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
+from ..readable import summary_order
 from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
 from .build import TrainingRun, build_run, restore
 from .claim import release as release_run_dirs
 from .evaluate import Stopped
 from .guard import LossGuard
-from .metrics import StatsTotals, format_table
+from .metrics import StatsTotals, format_table, interval_line
 from .pipeline import Pipeline
 from .schedule import set_learning_rates
 from .signals import StopAgreement, exit_preempted, stop_signals
 from .step import train_step
-from .timing import Throughput, seconds_since_process_start
+from .timing import Throughput, begin_job, seconds_since_job_start
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ def find_oracle(manifest: Manifest) -> float | None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train and evaluate as ``cfg`` says; returns the final summary (also written to the run dir)."""
+    begin_job()
     # torchrun: one GPU per local rank
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     info: DistInfo = init_distributed(device, cfg.dist_timeout_s)
@@ -90,7 +93,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
         ) as pipeline:
             for batch in pipeline:
                 if math.isnan(startup_s):
-                    startup_s = seconds_since_process_start()
+                    startup_s = seconds_since_job_start()
                     run.log.write(FIRST_STEP, step=step, startup_s=startup_s)
                 set_learning_rates(model, run.opt, cfg, step)
                 loss = train_step(run.net, run.opt, batch)
@@ -119,6 +122,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         **emb_stats,
                     )
                     bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{rate:,.0f}")
+                    if info.is_main:  # the bar shows it: then the log file only
+                        line = interval_line(step, run.total_steps, mean_loss, rate, emb_stats)
+                        say(line, console=not cfg.progress)
                     loss_sum.zero_()
                     loss_n = 0
                 bar.update(1)
@@ -133,7 +139,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                             break
                         embeddings.reset_stats()
                     if info.is_main:
-                        bar.write(
+                        say(
                             f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}"
                         )
                 if (
@@ -201,8 +207,8 @@ def summarize(
     if run.info.is_main:
         write_summary(run.run_dir, summary)
         # per-table hit rates stay in summary.json / metrics.jsonl: too many rows for a table
-        shown = [(k, v) for k, v in summary.items() if "/" not in k]
-        print(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
+        shown = [(k, v) for k, v in summary_order(summary).items() if "/" not in k]
+        say(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
     return summary
 
 
@@ -217,7 +223,7 @@ def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, A
             f"{sum(run.manifest.table_sizes):,}",
             run.total_steps,
             cfg.data.batch_size,
-            cfg.embedding._target_.rsplit(".", 1)[-1],
+            backend_name(cfg.embedding._target_),
         )
     run.log.write(
         START,

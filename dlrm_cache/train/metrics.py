@@ -8,6 +8,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..embedding.rates import is_rate, rate_weight_key
+from ..readable import format_value
+
 
 class EvalMetrics:
     """AUC, log loss and accuracy over one pass of a split (gathered across ranks at the end).
@@ -61,9 +64,21 @@ class EvalMetrics:
         }
 
 
+def interval_line(
+    step: int, total_steps: int, loss: float, samples_per_s: float, stats: dict[str, float]
+) -> str:
+    """A log interval for people: its step, mean loss, throughput and cache hit rate."""
+    parts = [f"step {step:,}/{total_steps:,}: loss {loss:.4f}", f"{samples_per_s:,.0f} samples/s"]
+    for key, what in (("hit_rate", "hit rate"), ("hit_rate_distinct", "hit rate (distinct ids)")):
+        if key in stats:
+            parts.append(f"{what} {stats[key]:.4f}")
+            break
+    return ", ".join(parts)
+
+
 def format_table(rows: list[tuple[str, object]], title: str = "") -> str:
-    """A two-column table: name | value."""
-    cells = [(k, _fmt(v)) for k, v in rows]
+    """A two-column table: name | value (written as ``readable.format_value`` says for the name)."""
+    cells = [(k, format_value(k, v)) for k, v in rows]
     w0 = max(len(k) for k, _ in cells)
     w1 = max(len(v) for _, v in cells)
     line = "+" + "-" * (w0 + 2) + "+" + "-" * (w1 + 2) + "+"
@@ -72,18 +87,6 @@ def format_table(rows: list[tuple[str, object]], title: str = "") -> str:
     out.extend(f"| {k:<{w0}} | {v:>{w1}} |" for k, v in cells)
     out.append(line)
     return "\n".join(out)
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        if v.is_integer() and abs(v) >= 1000:  # counters that stats() reports as floats
-            return f"{int(v):,}"
-        return f"{v:,.4f}" if abs(v) < 1000 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
 
 
 # Embedding stats that describe the cache (take the latest value) rather than count events.
@@ -101,8 +104,10 @@ _LEVELS = {
 class StatsTotals:
     """Adds up the per-interval counters of ``EmbeddingBackend.stats()`` over a whole run.
 
-    Rates are averaged weighted by the accesses of each interval, sizes keep their last value,
-    everything else is summed.  ``combine`` merges the totals of several ranks.
+    Each rate is averaged weighted by the count it is a fraction of (``RATE_WEIGHTS``:
+    ``hit_rate/C3`` by ``accesses/C3``), so an interval's rate counts as much as its accesses and
+    an interval without any adds nothing; a rate never measured has no value.  Sizes keep their
+    last value, everything else is summed.  ``combine`` merges the totals of several ranks.
     """
 
     def __init__(self) -> None:
@@ -112,14 +117,14 @@ class StatsTotals:
         self.levels: dict[str, float] = {}
 
     def add(self, stats: dict[str, float]) -> None:
-        w = float(stats.get("accesses", 1.0))
         for k, v in stats.items():
             if k in _LEVELS:
                 self.levels[k] = v
-            elif "rate" in k:
-                weight = w if not k.startswith("hit_rate/") else 1.0
-                self.weighted[k] = self.weighted.get(k, 0.0) + v * weight
-                self.weight[k] = self.weight.get(k, 0.0) + weight
+            elif is_rate(k):
+                weight = stats.get(rate_weight_key(k), 0.0)
+                if weight and math.isfinite(v):
+                    self.weighted[k] = self.weighted.get(k, 0.0) + v * weight
+                    self.weight[k] = self.weight.get(k, 0.0) + weight
             else:
                 self.sums[k] = self.sums.get(k, 0.0) + v
 

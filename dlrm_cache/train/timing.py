@@ -1,4 +1,4 @@
-"""Training's clocks: samples per second over the steps alone, and the command's start-up time."""
+"""Training's clocks: samples per second over the steps alone, and a job's start-up time."""
 
 from __future__ import annotations
 
@@ -52,3 +52,23 @@ def seconds_since_process_start() -> float:
     except (OSError, ValueError, IndexError):  # no /proc (not Linux)
         return math.nan
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+_job_origin: float | None = None  # time.time() at which the current job started
+
+
+def begin_job() -> None:
+    """A train job starts: its start-up is counted from here, except for the process's first job,
+    whose start-up is the command's (interpreter and imports included).  A ``-m`` sweep runs its
+    jobs in one process: the later ones did not wait for the earlier ones' training."""
+    global _job_origin
+    first = _job_origin is None
+    since = seconds_since_process_start() if first else math.nan
+    _job_origin = time.time() - (since if math.isfinite(since) else 0.0)
+
+
+def seconds_since_job_start() -> float:
+    """Wall time since :func:`begin_job` (since the process started where no job has begun)."""
+    if _job_origin is None:
+        return seconds_since_process_start()
+    return time.time() - _job_origin

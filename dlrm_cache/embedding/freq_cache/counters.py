@@ -48,12 +48,15 @@ class Counters:
         """The counters as ``stats()`` reports them."""
         c = self.c
         acc, dist = c["accesses"], c["distinct"]
-        out = {
-            "hit_rate": c["hits"] / acc if acc else 0.0,
-            "hit_rate_distinct": c["distinct_hits"] / dist if dist else 0.0,
-        }
+        out: dict[str, float] = {}  # a rate of no accesses is left out (base.RATE_WEIGHTS)
+        if acc:
+            out["hit_rate"] = c["hits"] / acc
+        if dist:
+            out["hit_rate_distinct"] = c["distinct_hits"] / dist
         for name, a, h in zip(table_names, self.table_accesses, self.table_hits):
-            out[f"hit_rate/{name}"] = h / a if a else 0.0
+            if a:
+                out[f"hit_rate/{name}"] = h / a
+            out[f"accesses/{name}"] = float(a)
         out.update(
             accesses=acc,
             distinct_ids=dist,
