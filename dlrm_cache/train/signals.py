@@ -30,6 +30,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ..console import say
 from ..parallel.dist import DistInfo
 from ..streams import streams_for
 from .checkpoint import step_dir
@@ -62,12 +63,16 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         return
     _received.append(signum)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(
+        _tell(
             f"dlrm-cache train: {signal.Signals(signum).name} received: stopping after the current "
-            "step or evaluation batch, with a checkpoint of the step (a second signal stops at once)",
-            file=sys.stderr,
-            flush=True,
+            "step or evaluation batch, with a checkpoint of the step (a second signal stops at once)"
         )
+
+
+def _tell(line: str) -> None:
+    """``line`` on stderr and in the job's log file (``train.log`` holds what the console shows)."""
+    print(line, file=sys.stderr, flush=True)
+    say(line, console=False)
 
 
 class StopAgreement:
@@ -150,8 +155,8 @@ def exit_preempted(
             checkpoint(step)
         where = (
             f"checkpoint of step {step} in {step_dir(run_dir, step)}; continue with the same "
-            f"command and resume={run_dir} hydra.run.dir={run_dir}"
+            f"command and resume={run_dir}"
         )
     if is_main:
-        print(f"dlrm-cache train: stopped by {name}: {where}", file=sys.stderr, flush=True)
+        _tell(f"dlrm-cache train: stopped by {name}: {where}")
     raise SystemExit(128 + signum)

@@ -37,6 +37,8 @@ def test_sigterm_during_the_final_evaluation_stops_it(tmp_path: Path, dataset_wr
     assert time.monotonic() - signalled < 3, "the evaluation went on"
     (line,) = [ln for ln in err.splitlines() if "stopped by" in ln]
     assert f"stopped by SIGTERM: checkpoint of step 2 in {final}" in line and f"resume={d}" in line
+    assert "hydra.run.dir" not in line  # resume=RUN continues in RUN
+    assert line in (d / "train.log").read_text()  # the log file holds what the console said
     assert not (d / "summary.json").exists()
     # the resume does no step and evaluates the final checkpoint
     code, err = Cli(train_args(ds, d, *SLOW_EVAL, f"resume={d}"), tmp_path).wait()
