@@ -14,7 +14,9 @@ The output directory holds
 torchrec DLRM of the same shape built on the meta device (no memory), so they are whatever the
 installed torchrec expects.  dlrm-cache's DLRM is torchrec's DenseArch/OverArch with an interaction
 that gives InteractionArch's values, so the exported model's logits are the run's (the dense part
-computed in fp32: a run trained with ``precision=bf16`` then differs by bf16 rounding).
+computed in fp32: a run trained with ``precision=bf16`` then differs by bf16 rounding).  A run
+with ``model.interaction=dcn`` is written as torchrec's ``DLRM_DCN`` (``dlrm.json`` adds its
+``dcn_num_layers`` and ``dcn_low_rank_dim``; the cross network's keys are the same on both sides).
 """
 
 from __future__ import annotations
