@@ -234,7 +234,7 @@ def _sample(
         if j < 2:
             crossed.append(idx)
     if model.cross_scale:  # drawing nothing: without it, the random streams are as before
-        score += model.cross_scale * _pair_effect(*crossed, model.cross_seed)
+        score += model.cross_scale * _pair_effect(crossed[0], crossed[1], model.cross_seed)
     score += 0.5 * (np.einsum("nd,nd->n", latent_sum, latent_sum) - latent_sq)
 
     noisy = score + float(cfg.logit_noise) * rng.standard_normal(n)
