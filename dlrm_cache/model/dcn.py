@@ -29,12 +29,15 @@ class CrossShape:
 
 def cross_shape(model: Mapping[str, Any], prefix: str = "") -> CrossShape | None:
     """The cross network a model config asks for (``prefix``: ``"model."`` in a flattened config),
-    None for the dot interaction (also where the config predates the ``interaction`` key)."""
+    None for the dot interaction (also where the config predates the ``interaction`` key).
+    ValueError: an unknown interaction, or dcn without its shape."""
     if Interaction(str(model.get(prefix + "interaction", Interaction.dot))) is Interaction.dot:
         return None
-    return CrossShape(
-        int(model[prefix + "dcn_num_layers"]), int(model[prefix + "dcn_low_rank_dim"])
-    )
+    keys = (prefix + "dcn_num_layers", prefix + "dcn_low_rank_dim")
+    missing = [k for k in keys if model.get(k) is None]
+    if missing:  # ValueError, as for any other config that is no model's
+        raise ValueError(f"{prefix}interaction=dcn without {missing[0]}")
+    return CrossShape(*(int(model[k]) for k in keys))
 
 
 class LowRankCrossNet(nn.Module):

@@ -117,6 +117,19 @@ def test_cross_shape_of_a_recorded_config(config, expected):
     assert cross_shape(config, "model.") == expected
 
 
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"model.interaction": "dcn", "model.dcn_num_layers": 2}, "without model.dcn_low_rank_dim"),
+        ({"model.interaction": "cross"}, "'cross' is not a valid Interaction"),
+    ],
+)
+def test_cross_shape_of_a_config_that_is_no_models(config, message):
+    """ValueError, which the checkpoint checks turn into one line naming meta.json."""
+    with pytest.raises(ValueError, match=message):
+        cross_shape(config, "model.")
+
+
 def test_dcn_under_bf16_autocast_stays_near_fp32():
     _, ours = _pair()
     dense, sparse, _ = _batch()
