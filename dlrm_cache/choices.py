@@ -44,6 +44,17 @@ class BenchKind(Choice):
     preprocess = "preprocess"
 
 
+class Interaction(Choice):
+    """How the model crosses the bottom MLP's output with the pooled embeddings.
+
+    dot: DLRM's pairwise dot products (torchrec's InteractionArch).  dcn: DCN-v2's low-rank cross
+    network over their concatenation (torchrec's InteractionDCNArch, MLPerf DLRM v2).
+    """
+
+    dot = "dot"
+    dcn = "dcn"
+
+
 class Precision(Choice):
     """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
 

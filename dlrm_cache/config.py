@@ -26,6 +26,7 @@ from .choices import (
     BenchKind,
     CachePolicy,
     DenseOptimName,
+    Interaction,
     Precision,
     SparseOptimName,
     UvmAlgorithm,
@@ -62,6 +63,9 @@ class ModelConfig:
     # hidden layer widths of the MLP over the 13 dense features (its output is embedding_dim wide)
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256, 64], ge=1)
     top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)  # a final 1-unit layer is added
+    interaction: Interaction = Interaction.dot  # dot: DLRM's pairwise dots; dcn: DCN-v2 cross net
+    dcn_num_layers: int = checked(3, ge=1)  # interaction=dcn: cross layers
+    dcn_low_rank_dim: int = checked(512, ge=1)  # interaction=dcn: rank of each layer's cross matrix
 
 
 @dataclass
@@ -267,6 +271,9 @@ class BenchConfig:
     top_mlp: list[int] = checked(
         factory=lambda: [1024, 1024, 512, 256], ge=1
     )  # train kind: as model.top_mlp
+    interaction: Interaction = ModelConfig.interaction  # train kind: as model.interaction
+    dcn_num_layers: int = checked(ModelConfig.dcn_num_layers, ge=1)  # train kind: as model.*
+    dcn_low_rank_dim: int = checked(ModelConfig.dcn_low_rank_dim, ge=1)  # train kind: as model.*
     # train kind: every backend runs once per (precision, compile) pair
     precisions: list[Precision] = checked(factory=lambda: [Precision.fp32], nonempty=True)
     compile: list[bool] = checked(factory=lambda: [False], nonempty=True)  # train kind: as compile

@@ -14,7 +14,9 @@ The output directory holds
 torchrec DLRM of the same shape built on the meta device (no memory), so they are whatever the
 installed torchrec expects.  dlrm-cache's DLRM is torchrec's DenseArch/OverArch with an interaction
 that gives InteractionArch's values, so the exported model's logits are the run's (the dense part
-computed in fp32: a run trained with ``precision=bf16`` then differs by bf16 rounding).
+computed in fp32: a run trained with ``precision=bf16`` then differs by bf16 rounding).  A run
+with ``model.interaction=dcn`` is written as torchrec's ``DLRM_DCN`` (``dlrm.json`` adds its
+``dcn_num_layers`` and ``dcn_low_rank_dim``; the cross network's keys are the same on both sides).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from .after_config import require
 from .data.format import replace_dir
+from .model.dcn import cross_shape
 from .trained import Trained, open_trained
 
 STATE_DICT = "state_dict.pt"
@@ -78,13 +81,42 @@ def build_torchrec_dlrm(
         )
         for t in args["embedding_bag_collection"]["tables"]
     ]
-    return DLRM(
-        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=device),
-        dense_in_features=args["dense_in_features"],
-        dense_arch_layer_sizes=list(args["dense_arch_layer_sizes"]),
-        over_arch_layer_sizes=list(args["over_arch_layer_sizes"]),
-        dense_device=device,
-    )
+    common = {
+        "embedding_bag_collection": EmbeddingBagCollection(tables=tables, device=device),
+        "dense_in_features": args["dense_in_features"],
+        "dense_arch_layer_sizes": list(args["dense_arch_layer_sizes"]),
+        "over_arch_layer_sizes": list(args["over_arch_layer_sizes"]),
+        "dense_device": device,
+    }
+    if DCN_ARGS[0] in args:
+        return build_torchrec_dlrm_dcn(args, common)
+    return DLRM(**common)
+
+
+# DLRM_DCN's arguments beyond DLRM's (the cross network's shape)
+DCN_ARGS = ("dcn_num_layers", "dcn_low_rank_dim")
+
+
+def dcn_args(trained: Trained) -> dict[str, int]:
+    """What a run with the DCN-v2 interaction adds to :func:`constructor_args` (torchrec's
+    ``DLRM_DCN`` arguments); nothing for dot interaction."""
+    cross = cross_shape(trained.config, "model.")
+    if cross is None:
+        return {}
+    return dict(zip(DCN_ARGS, (cross.num_layers, cross.low_rank_dim), strict=True))
+
+
+def torchrec_class_name(args: dict[str, Any]) -> str:
+    """The torchrec class :func:`build_torchrec_dlrm` builds from ``args``."""
+    return "torchrec.models.dlrm." + ("DLRM_DCN" if DCN_ARGS[0] in args else "DLRM")
+
+
+def build_torchrec_dlrm_dcn(args: dict[str, Any], common: dict[str, Any]) -> torch.nn.Module:
+    """torchrec's DLRM_DCN: dlrm-cache's DcnInteraction has its values and state keys
+    (``inter_arch.crossnet.*``), so the checkpoint's dense state maps one to one."""
+    from torchrec.models.dlrm import DLRM_DCN
+
+    return DLRM_DCN(**common, **{k: int(args[k]) for k in DCN_ARGS})
 
 
 def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -92,7 +124,7 @@ def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, tor
     ours = {
         k: v
         for k, v in trained.checkpoint.dense["model"].items()
-        if not k.startswith("inter_arch.")
+        if DCN_ARGS[0] in args or not k.startswith("inter_arch.")
     }
     ours.update({_TABLES_PREFIX + k: v for k, v in trained.weights().items()})
     wanted = build_torchrec_dlrm(args, "meta").state_dict()
@@ -128,8 +160,9 @@ def export(cfg: Any) -> Path:
             f"output={out}: exists and is not an export directory; choose another output"
         )
     args = constructor_args(trained)
+    args.update(dcn_args(trained))
     meta = {
-        "model": "torchrec.models.dlrm.DLRM",
+        "model": torchrec_class_name(args),
         "args": args,
         "inputs": {
             "dense_features": trained.manifest.dense_names,

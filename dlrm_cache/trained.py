@@ -18,6 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from .config import Precision, flatten
 from .data.format import Manifest
 from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from .model.dcn import cross_shape
 from .model.dlrm import DLRM
 from .train.checkpoint import Checkpoint, find_checkpoint
 
@@ -88,6 +89,7 @@ class Trained:
             top_mlp=list(self.config["model.top_mlp"]),
             device=device,
             precision=Precision(self.config.get("precision", "fp32")),
+            cross=cross_shape(self.config, "model."),
         )
         model.load_dense_state_dict(self.checkpoint.dense["model"])
         return model.eval()

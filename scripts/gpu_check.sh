@@ -5,10 +5,10 @@
 # train, planning, precision, streams (default: all six); feed (the loader and `train` against
 # `bench kind=train` on a generated 8M-line set -- about 8 minutes, run it on its own).
 # quick: the GPU tests; the embedding layer at 1.5% and the whole step at 1.5% and 5% (hbm,
-# uvm_cache, freq_cache, with the step's breakdown); the freq_cache's host half per batch for 1, 2
-# and 4 planner threads; `train` hbm against freq_cache on a generated Kaggle-shaped set; the
-# compute stream's gaps per step from a profiler trace of `train`; `bench kind=preprocess` with 1,
-# 4, 8 and 16 workers.  Each step has a time limit (QUICK_BUDGET seconds in all, default 330);
+# uvm_cache, freq_cache, with the step's breakdown) and the DLRM-DCN step at 1.5% (hbm, freq_cache);
+# the freq_cache's host half per batch for 1, 2 and 4 planner threads; `train` hbm against
+# freq_cache on a generated Kaggle-shaped set; the compute stream's gaps per step from a profiler
+# trace of `train`; `bench kind=preprocess` with 1, 4, 8 and 16 workers.  Each step has a time limit (QUICK_BUDGET seconds in all, default 390);
 # without CUDA the GPU steps are skipped, each with a line saying so.  Last, a table of the ratios
 # (scripts/gpu_summary.py).
 # Results (test log, benchmark JSON, tables and figures) go to $OUT (default gpu-results/).
@@ -86,7 +86,7 @@ if want streams; then
 fi
 if want quick; then
     Q=/tmp/quick
-    BUDGET=${QUICK_BUDGET:-330}
+    BUDGET=${QUICK_BUDGET:-390}
     T0=$SECONDS
     # run "$@" with at most $1 seconds, and never past the budget; its output to $OUT/$2
     step() {
@@ -123,6 +123,11 @@ if want quick; then
     step 150 bench-train.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
         embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] uvm_algorithms=[lfu] \
         cache_ratios=[0.015,0.05] warmup=10 iters=30 output="$OUT/bench-train.json" figure=null
+    # issue 29: the DLRM-DCN step (MLPerf DLRM v2: model=dcn's layers), hbm against freq_cache at 1.5%
+    step 60 bench-train-dcn.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
+        embedding_dim=128 batch_size=16384 interaction=dcn dcn_num_layers=3 dcn_low_rank_dim=512 \
+        backends=[hbm,freq_cache] cache_ratios=[0.015] warmup=10 iters=30 \
+        output="$OUT/bench-train-dcn.json" figure=null
     wait $DATA; echo "quick: data rc=$? at $((SECONDS - T0))s" | tee -a "$OUT/quick.txt"
     for emb in hbm freq_cache; do
         step 45 train-$emb.txt gpu python3 -m dlrm_cache train data.path=$Q/processed \

@@ -51,6 +51,9 @@ def main(out: Path) -> int:
     lines.append(f"gpu tests: {last[0] if last else 'empty log'}")
     lines += _bench(_load(out, "bench-embedding.json"), "embedding layer (ms/iter)")
     lines += _bench(_load(out, "bench-train.json"), "whole step (ms/iter, then its breakdown)")
+    lines += _bench(
+        _load(out, "bench-train-dcn.json"), "DLRM-DCN step (ms/iter, then its breakdown)"
+    )
     plan = _load(out, "bench-planning.json")
     lines.append("freq_cache host half per batch (ms): threads analysis planner landing CPU")
     for r in plan or []:

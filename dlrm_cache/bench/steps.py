@@ -25,6 +25,7 @@ from ..config import backend_target
 from ..data.format import NUM_DENSE
 from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
+from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM
 from ..train.optim import dense_optimizer
 from ..train.pipeline import Pipeline
@@ -126,6 +127,7 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
             device=device,
             precision=v.precision,
             compile=v.compile,
+            cross=cross_shape(cfg),
         )
         set_matmul_precision(v.precision, device)
         opt = dense_optimizer("adagrad", model.dense_parameters(), device, cfg.lr)

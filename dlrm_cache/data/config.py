@@ -66,6 +66,7 @@ class SynthConfig:
         1.5, ge=0
     )  # std of the summed per-id effects (over the 26 features)
     interaction_scale: float = checked(0.5, ge=0)  # std of the pairwise interaction part
+    cross_scale: float = checked(0.0, ge=0)  # std of a planted cross of C1 and C2's ids (0: none)
     logit_noise: float = checked(
         0.0, ge=0
     )  # std of per-line logit noise the features cannot explain

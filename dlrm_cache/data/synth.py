@@ -8,8 +8,14 @@ about popularity.  The click model is logistic::
     logit = bias + sum_i w_i * std(log1p(max(I_i, 0)))          # dense part (empty I_i -> 0)
                  + sum_j e_j[id_j]                               # one effect per id (empty: its own)
                  + sum_{j<k} <v_j[id_j], v_k[id_k]>              # factorization-machine interactions
+                 + cross_scale * c[id_1, id_2]                   # a planted cross of C1 and C2
                  + logit_noise * N(0, 1)                         # unexplained noise
     label ~ Bernoulli(sigmoid(logit))
+
+``c`` gives every pair of (C1, C2) ids its own effect, uniform with standard deviation 1 and
+unrelated to either id's other effects: a feature cross no sum of per-id terms and no product of
+``_LATENT_DIM``-wide vectors expresses, for models that learn crosses (``cross_scale=0``, the
+default, plants none and the bytes are those of the generator without it).
 
 The noise-free ``sigmoid(logit)`` is the best possible score from the features, so its AUC against
 the drawn labels (the *oracle AUC*, written to ``oracle.json``) is the ceiling for any model.  The
@@ -97,6 +103,20 @@ class PlantedModel:
     dense_mean: np.ndarray
     dense_std: np.ndarray
     bias: float
+    cross_scale: float = 0.0  # std of the planted (C1, C2) cross
+    cross_seed: int = 0
+
+
+def _pair_effect(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
+    """The cross's effect of id pairs ``(a, b)`` (indices, the empty value included): a
+    splitmix64 hash to a uniform in [-sqrt 3, sqrt 3), mean 0, std 1; no table of all pairs."""
+    with np.errstate(over="ignore"):
+        x = (a.astype(np.uint64) << np.uint64(32)) ^ b.astype(np.uint64) ^ np.uint64(seed)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(11)).astype(np.float64) / 2.0**53 * 2.0 - 1.0) * math.sqrt(3.0)
 
 
 @dataclass
@@ -150,6 +170,8 @@ def _build_model(cfg: Any, sizes: list[int]) -> PlantedModel:
         dense_mean=np.zeros(NUM_DENSE),
         dense_std=np.ones(NUM_DENSE),
         bias=0.0,
+        cross_scale=float(cfg.cross_scale),
+        cross_seed=int(cfg.seed),
     )
     w = rng.normal(0.0, 1.0, NUM_DENSE)
     model.dense_w = w * float(cfg.dense_scale) / np.linalg.norm(w)
@@ -199,6 +221,7 @@ def _sample(
     latent_sum = np.zeros((n, _LATENT_DIM))
     latent_sq = np.zeros(n)
     missing_rate = float(cfg.missing_rate)
+    crossed: list[np.ndarray] = []  # C1's and C2's indices
     for j, cdf in enumerate(model.cdfs):
         r = np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), len(cdf) - 1)
         missing = rng.random(n) < missing_rate
@@ -208,6 +231,10 @@ def _sample(
         latent_sum += v
         latent_sq += np.einsum("nd,nd->n", v, v)
         ranks[:, j] = np.where(missing, -1, r)
+        if j < 2:
+            crossed.append(idx)
+    if model.cross_scale:  # drawing nothing: without it, the random streams are as before
+        score += model.cross_scale * _pair_effect(crossed[0], crossed[1], model.cross_seed)
     score += 0.5 * (np.einsum("nd,nd->n", latent_sum, latent_sum) - latent_sq)
 
     noisy = score + float(cfg.logit_noise) * rng.standard_normal(n)
@@ -321,6 +348,8 @@ def synth(cfg: SynthConfig | Any) -> Path:
 
     out = Path(to_absolute_path(str(cfg.output)))
     settings = {k: v for k, v in config_dict(cfg).items() if k not in _NON_DATA_KEYS}
+    if not settings.get("cross_scale"):  # no cross: the record of the generator before it
+        settings.pop("cross_scale", None)
     settings["generator_version"] = GENERATOR_VERSION
     if int(cfg.files) > int(cfg.lines):
         raise ValueError(f"files={cfg.files}: more files than lines ({cfg.lines})")

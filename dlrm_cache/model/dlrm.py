@@ -1,4 +1,7 @@
-"""DLRM: bottom MLP on dense features, pooled embeddings, pairwise dot interaction, top MLP.
+"""DLRM: bottom MLP on dense features, pooled embeddings, an interaction, top MLP.
+
+The interaction is DLRM's pairwise dots, or DCN-v2's low-rank cross network (:mod:`.dcn`: the
+model torchrec calls DLRM_DCN, MLPerf DLRM v2's).
 
 The MLPs are torchrec's own modules, the interaction computes torchrec's InteractionArch output
 with a cheaper backward; the embeddings come from any EmbeddingBackend, so the model does not know
@@ -22,6 +25,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..choices import Precision
 from ..embedding.base import EmbeddingBackend
+from .dcn import CrossShape, DcnInteraction, over_in_features
 
 
 class DotInteraction(nn.Module):
@@ -65,13 +69,17 @@ class DLRM(nn.Module):
         device: torch.device | None = None,
         precision: Precision = Precision.fp32,
         compile: bool = False,
+        cross: CrossShape | None = None,
     ) -> None:
+        """``cross``: DCN-v2's interaction of that shape (:func:`.dcn.cross_shape`), None: dots."""
         super().__init__()
         num_sparse = len(embeddings.feature_names)
         self.embeddings = embeddings
         self.num_sparse = num_sparse
         self.embedding_dim = embedding_dim
-        parts = dense_parts(num_dense, num_sparse, embedding_dim, bottom_mlp, top_mlp, device)
+        parts = dense_parts(
+            num_dense, num_sparse, embedding_dim, bottom_mlp, top_mlp, device, cross
+        )
         self.dense_arch, self.inter_arch, self.over_arch = (parts[p] for p in DENSE_PARTS)
         self.precision = precision
         # Training batches have one shape (drop_last), so the graph is specialised to it
@@ -130,25 +138,37 @@ def dense_parts(
     bottom_mlp: list[int],
     top_mlp: list[int],
     device: torch.device | None = None,
+    cross: CrossShape | None = None,
 ) -> dict[str, nn.Module]:
     """The dense part of a DLRM, by :data:`DENSE_PARTS` name (on the ``meta`` device: shapes only,
-    nothing allocated, whatever the sizes)."""
+    nothing allocated, whatever the sizes); ``cross``: a DCN-v2 interaction, None: dots."""
     check_model_shape(embedding_dim, bottom_mlp, top_mlp)
-    over_in = embedding_dim + (num_sparse + 1) * num_sparse // 2
+    inter: nn.Module
+    if cross is None:
+        inter = DotInteraction(num_sparse, device=device)
+        over_in = embedding_dim + (num_sparse + 1) * num_sparse // 2
+    else:
+        inter = DcnInteraction(num_sparse, embedding_dim, cross, device=device)
+        over_in = over_in_features(num_sparse, embedding_dim)
     return {
-        # The bottom MLP must end in the embedding dim: its output joins the dot interaction.
+        # The bottom MLP must end in the embedding dim: its output joins the interaction.
         "dense_arch": DenseArch(num_dense, list(bottom_mlp) + [embedding_dim], device=device),
-        "inter_arch": DotInteraction(num_sparse, device=device),
+        "inter_arch": inter,
         "over_arch": OverArch(over_in, list(top_mlp) + [1], device=device),
     }
 
 
 def dense_shapes(
-    num_dense: int, num_sparse: int, embedding_dim: int, bottom_mlp: list[int], top_mlp: list[int]
+    num_dense: int,
+    num_sparse: int,
+    embedding_dim: int,
+    bottom_mlp: list[int],
+    top_mlp: list[int],
+    cross: CrossShape | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """:meth:`DLRM.dense_state_dict`'s entries and shapes for such a model, allocating nothing."""
     parts = dense_parts(
-        num_dense, num_sparse, embedding_dim, bottom_mlp, top_mlp, torch.device("meta")
+        num_dense, num_sparse, embedding_dim, bottom_mlp, top_mlp, torch.device("meta"), cross
     )
     return {
         f"{name}.{k}": tuple(v.shape)

@@ -18,6 +18,7 @@ from ..console import Progress
 from ..data.format import Manifest, one_line
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
+from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM, dense_shapes
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
@@ -116,10 +117,15 @@ def check_dense_memory(
         cfg.model.embedding_dim,
         list(cfg.model.bottom_mlp),
         list(cfg.model.top_mlp),
+        cross_shape(cfg.model),
     )
     per_key = {
         key: sum(math.prod(s) for k, s in shapes.items() if k.startswith(part + "."))
-        for key, part in (("model.bottom_mlp", "dense_arch"), ("model.top_mlp", "over_arch"))
+        for key, part in (
+            ("model.bottom_mlp", "dense_arch"),
+            ("model.dcn_low_rank_dim", "inter_arch"),
+            ("model.top_mlp", "over_arch"),
+        )
     }
     params = sum(math.prod(s) for s in shapes.values())
     o = cfg.optim.dense
@@ -128,7 +134,7 @@ def check_dense_memory(
     if need > have:
         keys = [k for k, n in sorted(per_key.items(), key=lambda kv: -kv[1]) if n >= params / 10]
         raise ValueError(
-            ", ".join(f"{k}={list(cfg[k.split('.')[0]][k.split('.')[1]])}" for k in keys)
+            ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in keys)
             + f": the dense layers' {params:,} parameters take {need / 2**30:.2f} GiB with their "
             f"gradients and optim.dense.name={o.name} state, but {have / 2**30:.2f} GiB of "
             f"{'GPU' if device.type == 'cuda' else 'host'} memory are available; use smaller layers"
@@ -320,6 +326,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         device=device,
         precision=cfg.precision,
         compile=cfg.compile,
+        cross=cross_shape(cfg.model),
     )
     set_matmul_precision(cfg.precision, device)
     opt = build_dense_optimizer(cfg, model.dense_parameters(), device)

@@ -57,6 +57,9 @@ RESUME_KEYS = (
     "model.embedding_dim",
     "model.bottom_mlp",
     "model.top_mlp",
+    "model.interaction",
+    "model.dcn_num_layers",
+    "model.dcn_low_rank_dim",
     "optim.sparse.name",
     "optim.dense.name",
     "optim.dense.weight_decay",
@@ -65,6 +68,9 @@ RESUME_KEYS = (
     "data.shuffle",
     "seed",
 )
+
+# keys a checkpoint written before they existed lacks (compared where it records them)
+LATER_KEYS = ("model.interaction", "model.dcn_num_layers", "model.dcn_low_rank_dim")
 
 # ...and what must be recorded of its dataset (newer identity keys may be absent from older checkpoints)
 REQUIRED_DATASET_KEYS = ("dataset.table_sizes", "dataset.stats_digest")
@@ -446,7 +452,8 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     ckpt.check_tables()
     now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
-    unknown = [k for k in (*RESUME_KEYS, *REQUIRED_DATASET_KEYS) if k not in then]
+    required = [k for k in RESUME_KEYS if k not in LATER_KEYS]
+    unknown = [k for k in (*required, *REQUIRED_DATASET_KEYS) if k not in then]
     if unknown:  # nothing to compare: the resume could not be checked
         raise ValueError(
             f"{ckpt.path / META}: records no {unknown[0]} (of the run's config or its dataset); "

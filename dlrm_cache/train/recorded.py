@@ -16,6 +16,7 @@ import torch
 from ..config import flatten
 from ..data.format import DENSE_NAMES, SPARSE_NAMES, one_line
 from ..embedding.base import SparseOptim
+from ..model.dcn import cross_shape
 from ..model.dlrm import dense_shapes, dense_state_problem
 from ..parallel.placement import parse_key
 
@@ -47,6 +48,7 @@ class RecordedModel:
                 dim,
                 list(config["model.bottom_mlp"]),
                 list(config["model.top_mlp"]),
+                cross_shape(config, "model."),
             )
             return cls(
                 dim, dense, dict(zip(names, sizes, strict=True)), SparseOptim(config[MODEL_KEYS[3]])
