@@ -452,6 +452,10 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     ckpt.check_tables()
     now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
+    then.setdefault("model.interaction", "dot")  # written before the key: a dot model
+    if "dot" in (now.get("model.interaction"), then["model.interaction"]):
+        for k in LATER_KEYS[1:]:  # the cross network's shape: nothing to compare without one
+            now.pop(k, None), then.pop(k, None)
     required = [k for k in RESUME_KEYS if k not in LATER_KEYS]
     unknown = [k for k in (*required, *REQUIRED_DATASET_KEYS) if k not in then]
     if unknown:  # nothing to compare: the resume could not be checked

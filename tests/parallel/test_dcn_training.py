@@ -4,6 +4,7 @@ cross network's weights included), or stays within bf16's rounding of it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,24 @@ def test_resume_refuses_the_other_interaction(host, processed_synth, tmp_path):
     dot = [x for x in DCN if not x.startswith("model=")] + [f"resume={host[2]}", "max_steps=20"]
     result = _in_process(_overrides(processed_synth, tmp_path / "again", dot))[0]
     assert "model.interaction='dcn' (now 'dot')" in str(result), result
+
+
+def test_resume_compares_the_cross_network_only_between_dcn_models(
+    processed_synth: Path, tmp_path: Path
+):
+    """A dot run resumes whatever ``model.dcn_*`` say (a dot model has no cross network); a
+    checkpoint written before ``model.interaction`` existed is a dot model's, so resuming it as
+    DCN is refused naming the key (not a state_dict traceback)."""
+    dot = [x for x in DCN if not x.startswith(("model=", "model.dcn"))]
+    run = tmp_path / "dot"
+    run_single(_overrides(processed_synth, run, dot))
+    ckpt = run / f"checkpoints/step_{STEPS:08d}"
+    again = dot + [f"resume={ckpt}", "max_steps=14", "model.dcn_num_layers=3"]
+    assert run_single(_overrides(processed_synth, tmp_path / "again", again))[0]["steps"] == 14
+    meta = json.loads((ckpt / "meta.json").read_text())
+    for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim"):
+        del meta["config"]["model"][k]  # as written before the keys
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    as_dcn = DCN + [f"resume={ckpt}", "max_steps=14"]
+    result = _in_process(_overrides(processed_synth, tmp_path / "dcn", as_dcn))[0]
+    assert "model.interaction='dot' (now 'dcn')" in str(result), result
