@@ -7,7 +7,9 @@ memory is bounded by the chunk and the tables (memory-mapped from the checkpoint
 
 Output: one row per scored line: ``line`` (1-based line number in a raw file) or ``row`` (0-based
 position in a processed split), ``probability`` (float32), and ``label`` where the input has one.
-It is written under a temporary name beside ``output`` and renamed into place when complete.
+It is written under a temporary name beside ``output`` and renamed into place when complete; the
+output may not be an input nor lie in a checkpoint, run or dataset directory
+(:mod:`dlrm_cache.outputs`).
 
 With labels, AUC, log loss and accuracy are computed by training's own evaluation metrics over the
 same batches: on a processed split with the run's ``data.eval_batch_size`` (the default), one
@@ -32,6 +34,7 @@ from tqdm import tqdm
 from .after_config import require
 from .data.format import MANIFEST, Manifest, WriteError, atomic_file
 from .data.loader import Batch, OneIdPerSample, ShardStream
+from .outputs import check_output, stop_on_signals
 from .parallel.dist import resolve_device
 from .rawinput import LABELLED, IdMapper, Rows, detect_width, new_bad_line_log, read_rows
 from .threads import Prefetcher
@@ -56,6 +59,11 @@ class Source:
 def predict(cfg: Any) -> dict[str, Any]:
     """Score ``cfg.input`` with ``cfg.checkpoint``; returns the summary it prints."""
     require(cfg, checkpoint="runs/train/DATE/TIME", input="test.txt", output="predictions.parquet")
+    with stop_on_signals():  # SIGTERM too removes the temporary output
+        return _predict(cfg)
+
+
+def _predict(cfg: Any) -> dict[str, Any]:
     output = Path(str(cfg.output)).expanduser()
     fmt = output_format(output, str(cfg.format))
     device = resolve_device(str(cfg.device))
@@ -65,6 +73,8 @@ def predict(cfg: Any) -> dict[str, Any]:
         trained = open_trained(str(cfg.checkpoint), str(inp), data_key="input")
     else:
         trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
+    reads = [("input", inp), ("checkpoint", trained.checkpoint.path)]
+    check_output(output, "output", [*reads, ("dataset", trained.data_path)])
     batch_size = int(cfg.batch_size) or int(trained.config.get("data.eval_batch_size", 8192))
     source = (
         split_source(trained, inp, str(cfg.split), batch_size)

@@ -174,7 +174,10 @@ def test_bad_input_is_one_line_and_writes_nothing(
             ],
             "a_file/p.parquet: cannot write there",
         ),
-        ([f"checkpoint={host_run.path}", f"input={raw}", f"output={tmp_path}"], "is a directory"),
+        (
+            [f"checkpoint={host_run.path}", f"input={raw}", f"output={tmp_path / 'empty_run'}"],
+            "is a directory",
+        ),
         (
             [f"checkpoint={host_run.path}", f"input={raw}"],
             "output: required, e.g. output=predictions.parquet",
