@@ -120,15 +120,15 @@ def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, tor
 
 
 def export(cfg: Any) -> Path:
-    """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint``; a stop
-    (SIGINT, SIGTERM, an error) leaves no temporary directory."""
+    """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint`` (and its
+    dataset, ``cfg.dataset``); a stop (SIGINT, SIGTERM, an error) leaves no temporary directory."""
     require(cfg, checkpoint="runs/train/DATE/TIME", output="exported")
     with stop_on_signals():
         return _export(cfg)
 
 
 def _export(cfg: Any) -> Path:
-    trained = open_trained(str(cfg.checkpoint))
+    trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
     reads = [("checkpoint", trained.checkpoint.path), ("dataset", trained.data_path)]
     out = check_output(str(cfg.output), "output", reads)
     if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {STATE_DICT, ARGS}):

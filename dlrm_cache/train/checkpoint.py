@@ -420,6 +420,7 @@ def checkpoint_meta(
     """What :func:`save_checkpoint` records beside the tensors (the other half of a resume check)."""
     return {
         "config": config_dict(cfg),
+        "cwd": os.getcwd(),  # where a relative data.path is (trained.recorded_dataset)
         "dataset": manifest.identity(),
         "world_size": world_size,
         "log_records": log_records,
