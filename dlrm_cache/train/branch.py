@@ -5,7 +5,7 @@ from K, and what the run recorded after K no longer describes it.  Before anythi
 branch is written (right after the run directory is claimed, before the log is cut back to K's
 records), rank 0 moves what the abandoned branch left to ``abandoned/after_step_<K>/``:
 
-* ``checkpoints/step_N`` for every N > K (complete or not),
+* ``checkpoints/step_N`` for every N > K (complete or not, and what a killed save of it left),
 * ``summary.json`` (the abandoned branch's end),
 * ``metrics.jsonl``: a copy of the whole log as it was (and of Hydra's ``.hydra/``),
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from ..data.format import atomic_file
 from ..layout import SNAPSHOT
 from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
-from .checkpoint import META, clean_left_behind, step_dirs
+from .checkpoint import META, step_dirs
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,7 @@ def set_aside_branch(run_dir: Path, resume_from: Path) -> Path | None:
     """Move what ``run_dir`` recorded after the checkpoint ``resume_from`` (one of its own) to a new
     ``abandoned/after_step_<K>``; returns that directory, or None when nothing lay after it."""
     step = int(json.loads((resume_from / META).read_text())["step"])
-    root = run_dir / CKPT_DIR
-    clean_left_behind(root)
-    later = [(n, p) for n, p in step_dirs(root) if n > step]
+    later = [(n, p) for n, p in step_dirs(run_dir / CKPT_DIR) if n > step]
     summary = run_dir / SUMMARY
     if not later and not summary.exists():
         return None
@@ -52,7 +50,8 @@ def set_aside_branch(run_dir: Path, resume_from: Path) -> Path | None:
             shutil.copyfileobj(src, f)
     if (run_dir / SNAPSHOT).is_dir():  # Hydra's record of the run (report reads its cwd)
         shutil.copytree(run_dir / SNAPSHOT, dest / SNAPSHOT)
-    moved = [f"the checkpoints of steps {', '.join(str(n) for n, _ in later)}"] if later else []
+    steps = ", ".join(str(n) for n in sorted({n for n, _ in later}))
+    moved = [f"the checkpoints of steps {steps}"] if later else []
     if summary.exists():
         summary.rename(dest / SUMMARY)
         moved.append(SUMMARY)

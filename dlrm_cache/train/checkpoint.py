@@ -89,7 +89,7 @@ def save_checkpoint(
     root = final.parent
     tmp = root / f".{final.name}.tmp"
     if rank == 0:
-        clean_left_behind(root)
+        _clean_left_behind(root)
         tmp.mkdir(parents=True)
     _barrier()
     files: dict[str, tuple[list[str], int]] = {}  # file -> (its entries, its size)
@@ -164,7 +164,7 @@ class _Writes:
         self.f.flush()
 
 
-def clean_left_behind(root: Path) -> None:
+def _clean_left_behind(root: Path) -> None:
     """Temporary directories of killed saves go; a checkpoint left aside by one goes back."""
     if not root.is_dir():
         return
@@ -177,11 +177,16 @@ def clean_left_behind(root: Path) -> None:
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """Every ``step_N`` directory in ``root`` (complete or not), by step."""
+    """Every directory of a step in ``root``, by step: ``step_N`` (complete or not) and what a
+    killed save of it left (``.step_N.tmp``, ``.step_N.old``)."""
     if not root.is_dir():
         return []
-    found = ((_STEP_DIR.fullmatch(p.name), p) for p in root.iterdir() if p.is_dir())
-    return sorted((int(m[1]), p) for m, p in found if m)
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.fullmatch(p.name) or _LEFT_BEHIND.fullmatch(p.name)
+        if m and p.is_dir():
+            found.append((int(m[1].removeprefix("step_")), p))
+    return sorted(found)
 
 
 def _complete(directory: Path) -> list[tuple[int, Path]]:
