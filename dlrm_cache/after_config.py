@@ -23,20 +23,28 @@ class OutputFormat(Choice):
 
 
 @dataclass
-class PredictConfig:
+class TrainedConfig:
+    """What `predict` and `export` read: a trained run, and the dataset it was trained on."""
+
+    # a run directory (its final checkpoint: the newest its metrics.jsonl records) or one
+    # checkpoint (checkpoints/step_N)
+    checkpoint: str = MISSING
+    # the processed dataset the checkpoint was trained on (its statistics map raw ids to rows,
+    # its features name the model's inputs); null: the run's data.path (a relative one: from where
+    # the run was started, else beside the run directory).  predict of a processed input: that input
+    dataset: str | None = None
+
+
+@dataclass
+class PredictConfig(TrainedConfig):
     """`dlrm-cache predict`: click probabilities of a trained model for new lines."""
 
-    # a run directory (its newest complete checkpoint) or one checkpoint (checkpoints/step_N)
-    checkpoint: str = MISSING
     # raw Criteo text (plain or .gz; 40 fields with the label, or 39 without it like Kaggle's
     # test.txt), or a processed dataset directory (then `split` names the split to score)
     input: str = MISSING
     split: str = "test"  # input is a processed dataset: train | val | test
     output: str = MISSING  # predictions file, replaced atomically
     format: OutputFormat = OutputFormat.auto  # auto: csv for a name ending in .csv, else parquet
-    # raw input: the processed dataset the checkpoint was trained on (its stats map raw ids to
-    # rows); null: the run's data.path
-    dataset: str | None = None
     batch_size: int = checked(
         0, ge=0
     )  # 0: the run's data.eval_batch_size (what `train test=true` used)
@@ -50,12 +58,9 @@ class PredictConfig:
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(TrainedConfig):
     """`dlrm-cache export`: a checkpoint as a torchrec DLRM state dict + constructor arguments."""
 
-    checkpoint: str = (
-        MISSING  # a run directory (its newest complete checkpoint) or a checkpoint directory
-    )
     output: str = MISSING  # a directory: state_dict.pt + dlrm.json (replaced atomically)
 
 

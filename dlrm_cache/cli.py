@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .configstore import config_dir, register_configs
 from .console import quiet_known_noise, say
 from .data.format import WriteError
+from .outputs import Stopped
 from .ranges import validate
 from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
 
@@ -222,6 +223,9 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
         except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)
             print(f"dlrm-cache {command}: interrupted", file=sys.stderr)
             raise SystemExit(130) from None
+        except Stopped as e:  # SIGTERM/SIGHUP where a command turns them into an exception
+            print(f"dlrm-cache {command}: stopped by {e}", file=sys.stderr)
+            raise SystemExit(128 + e.signum) from None
 
     return run
 

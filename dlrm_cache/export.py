@@ -32,6 +32,7 @@ import torch
 from .after_config import require
 from .data.format import replace_dir
 from .model.dcn import cross_shape
+from .outputs import check_output, stop_on_signals
 from .trained import Trained, open_trained
 
 STATE_DICT = "state_dict.pt"
@@ -151,10 +152,17 @@ def torchrec_state_dict(trained: Trained, args: dict[str, Any]) -> dict[str, tor
 
 
 def export(cfg: Any) -> Path:
-    """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint``."""
+    """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint`` (and its
+    dataset, ``cfg.dataset``); a stop (SIGINT, SIGTERM, an error) leaves no temporary directory."""
     require(cfg, checkpoint="runs/train/DATE/TIME", output="exported")
-    trained = open_trained(str(cfg.checkpoint))
-    out = Path(str(cfg.output)).expanduser().resolve()
+    with stop_on_signals():
+        return _export(cfg)
+
+
+def _export(cfg: Any) -> Path:
+    trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
+    reads = [("checkpoint", trained.checkpoint.path), ("dataset", trained.data_path)]
+    out = check_output(str(cfg.output), "output", reads)
     if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {STATE_DICT, ARGS}):
         raise FileExistsError(
             f"output={out}: exists and is not an export directory; choose another output"

@@ -6,8 +6,11 @@ evaluation reads it; batches of ``batch_size`` go through the run's model and ou
 memory is bounded by the chunk and the tables (memory-mapped from the checkpoint), not the input.
 
 Output: one row per scored line: ``line`` (1-based line number in a raw file) or ``row`` (0-based
-position in a processed split), ``probability`` (float32), and ``label`` where the input has one.
-It is written under a temporary name beside ``output`` and renamed into place when complete.
+position in a processed split), ``probability`` (float32), and ``label`` where the input has one
+(null for a line whose label field is empty: scored, and left out of the metrics).  It is written
+under a temporary name beside ``output`` and renamed into place when complete; the output may not
+be an input nor lie in a checkpoint, run or dataset directory (:mod:`dlrm_cache.outputs`), and an
+input of which no line can be scored is an error, not an empty output.
 
 With labels, AUC, log loss and accuracy are computed by training's own evaluation metrics over the
 same batches: on a processed split with the run's ``data.eval_batch_size`` (the default), one
@@ -32,13 +35,15 @@ from tqdm import tqdm
 from .after_config import require
 from .data.format import MANIFEST, Manifest, WriteError, atomic_file
 from .data.loader import Batch, OneIdPerSample, ShardStream
+from .outputs import check_output, stop_on_signals
 from .parallel.dist import resolve_device
 from .rawinput import LABELLED, IdMapper, Rows, detect_width, new_bad_line_log, read_rows
 from .threads import Prefetcher
 from .train.metrics import EvalMetrics, format_table
 from .trained import Trained, open_trained
 
-Indexed = tuple[np.ndarray, Batch]  # (line or row numbers, the batch)
+# (line or row numbers, the batch, which rows have a label: None = all of them or none)
+Indexed = tuple[np.ndarray, Batch, np.ndarray | None]
 
 
 @dataclass
@@ -56,6 +61,11 @@ class Source:
 def predict(cfg: Any) -> dict[str, Any]:
     """Score ``cfg.input`` with ``cfg.checkpoint``; returns the summary it prints."""
     require(cfg, checkpoint="runs/train/DATE/TIME", input="test.txt", output="predictions.parquet")
+    with stop_on_signals():  # SIGTERM too removes the temporary output
+        return _predict(cfg)
+
+
+def _predict(cfg: Any) -> dict[str, Any]:
     output = Path(str(cfg.output)).expanduser()
     fmt = output_format(output, str(cfg.format))
     device = resolve_device(str(cfg.device))
@@ -65,6 +75,8 @@ def predict(cfg: Any) -> dict[str, Any]:
         trained = open_trained(str(cfg.checkpoint), str(inp), data_key="input")
     else:
         trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
+    reads = [("input", inp), ("checkpoint", trained.checkpoint.path)]
+    check_output(output, "output", [*reads, ("dataset", trained.data_path)])
     batch_size = int(cfg.batch_size) or int(trained.config.get("data.eval_batch_size", 8192))
     source = (
         split_source(trained, inp, str(cfg.split), batch_size)
@@ -74,7 +86,7 @@ def predict(cfg: Any) -> dict[str, Any]:
     model = trained.model(device)
 
     metrics = EvalMetrics(device) if source.labelled else None
-    scored, t0 = 0, time.perf_counter()
+    scored, labelled, t0 = 0, 0, time.perf_counter()
     bar = tqdm(
         total=source.total,
         unit=source.unit,
@@ -89,18 +101,42 @@ def predict(cfg: Any) -> dict[str, Any]:
         torch.no_grad(),
         _background(source.batches(lambda n: bar.update(n - bar.n))) as batches,
     ):
-        for index, batch in batches:
+        for index, batch, known in batches:
             # ids stay on the host, where the tables are; the dense part runs on `device`
             logits = model(batch.dense.to(device), batch.sparse)
             probs = torch.sigmoid(logits)
             if metrics is not None:
-                metrics.update(logits, batch.labels.to(device))
-            out.write(index, probs.cpu().numpy(), batch.labels.numpy() if source.labelled else None)
+                labels = batch.labels.to(device)
+                if known is not None:  # lines with an empty label: scored, not measured
+                    mask = torch.from_numpy(known).to(device)
+                    logits, labels = logits[mask], labels[mask]
+                metrics.update(logits, labels)
+                labelled += len(labels)
+            out.write(
+                index,
+                probs.cpu().numpy(),
+                batch.labels.numpy() if source.labelled else None,
+                known,
+            )
             scored += len(index)
             if source.unit == "row":
                 bar.update(len(index))
+        if scored == 0:  # raised inside the writer's block: no output is left
+            raise ValueError(nothing_scored(cfg, source))
     seconds = time.perf_counter() - t0
-    return _report(cfg, trained, source, output, scored, seconds, metrics)
+    if metrics is not None and labelled == 0:
+        metrics = None  # every label field was empty: no metrics to give
+    return _report(cfg, trained, source, output, scored, labelled, seconds, metrics)
+
+
+def nothing_scored(cfg: Any, source: Source) -> str:
+    """Why an input gave no line to score: preprocess's count per reason, with each reason's first
+    line."""
+    bad = source.bad
+    if bad is None or not bad.counts:
+        return f"input={cfg.input}: no line to score"
+    n = sum(bad.counts.values())
+    return f"input={cfg.input}: no line to score: all {n} lines are malformed. {bad.per_reason()}"
 
 
 def _report(
@@ -109,6 +145,7 @@ def _report(
     source: Source,
     output: Path,
     scored: int,
+    labelled: int,
     seconds: float,
     metrics: EvalMetrics | None,
 ) -> dict[str, Any]:
@@ -129,6 +166,8 @@ def _report(
     }
     if source.bad is not None:
         summary["skipped"] = sum(source.bad.counts.values())
+    if source.labelled and labelled < scored:
+        summary["labelled"] = labelled  # the rest had an empty label field
     if metrics is not None:
         summary.update(metrics.compute())
     summary["output"] = str(output)
@@ -144,6 +183,8 @@ def split_source(trained: Trained, root: Path, split: str, batch_size: int) -> S
         raise ValueError(
             f"split={split}: {root} has no such split (has {', '.join(manifest.splits)})"
         )
+    if manifest.splits[split].rows == 0:
+        raise ValueError(f"split={split}: {root} has no rows in that split; nothing to score")
     manifest.check_shards(root, [split])
     stream = ShardStream(
         root, manifest, split, batch_size, shuffle=False, drop_last=False, key="batch_size"
@@ -152,7 +193,7 @@ def split_source(trained: Trained, root: Path, split: str, batch_size: int) -> S
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
         at = 0
         for batch in stream.batches():
-            yield np.arange(at, at + batch.size, dtype=np.int64), batch
+            yield np.arange(at, at + batch.size, dtype=np.int64), batch, None
             at += batch.size
 
     return Source("row", True, batches, manifest.splits[split].rows, "row")
@@ -203,11 +244,17 @@ def _join(parts: list[Rows]) -> Rows:
     if len(parts) == 1:
         return parts[0]
     labels = None if parts[0].labels is None else np.concatenate([p.labels for p in parts])
+    labelled = None
+    if any(p.labelled is not None for p in parts):
+        labelled = np.concatenate(
+            [p.labelled if p.labelled is not None else np.ones(len(p.lines), bool) for p in parts]
+        )
     return Rows(
         np.concatenate([p.lines for p in parts]),
         labels,
         np.concatenate([p.dense for p in parts], axis=1),
         np.concatenate([p.ids for p in parts], axis=1),
+        labelled,
     )
 
 
@@ -217,6 +264,7 @@ def _slice(r: Rows, lo: int, hi: int) -> Rows:
         None if r.labels is None else r.labels[lo:hi],
         r.dense[:, lo:hi],
         r.ids[:, lo:hi],
+        None if r.labelled is None else r.labelled[lo:hi],
     )
 
 
@@ -226,7 +274,8 @@ def _batch(r: Rows, lo: int, hi: int, layout: OneIdPerSample) -> Indexed:
     labels = (
         torch.from_numpy(r.labels[lo:hi].copy()) if r.labels is not None else torch.zeros(hi - lo)
     )
-    return r.lines[lo:hi], layout.batch(dense, ids, labels)
+    known = None if r.labelled is None or r.labelled[lo:hi].all() else r.labelled[lo:hi]
+    return r.lines[lo:hi], layout.batch(dense, ids, labels), known
 
 
 @contextlib.contextmanager
@@ -277,10 +326,18 @@ class PredictionWriter:
             self._writer = pq.ParquetWriter(f, self.schema)
         return self
 
-    def write(self, index: np.ndarray, probs: np.ndarray, labels: np.ndarray | None) -> None:
+    def write(
+        self,
+        index: np.ndarray,
+        probs: np.ndarray,
+        labels: np.ndarray | None,
+        known: np.ndarray | None = None,
+    ) -> None:
+        """A batch's rows; ``known``: which rows have a label (the others' label is null)."""
         cols = [pa.array(index, pa.int64()), pa.array(probs.astype(np.float32, copy=False))]
         if labels is not None:
-            cols.append(pa.array(labels.astype(np.int8)))
+            mask = None if known is None else ~known
+            cols.append(pa.array(labels.astype(np.int8), mask=mask))
         try:
             self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
         except OSError as e:

@@ -11,7 +11,12 @@ A file is either labelled (40 fields, as preprocess reads) or not (39 fields: Ka
 ``test.txt``), decided by its first non-empty line; then every line must have that width.  A
 39-field line is given a placeholder label field in front and parsed as a 40-field one (its
 label is then ignored), so both widths go through the same parser; messages name the file's own
-field counts.  Only the line length limit counts the 2 added bytes.
+field counts.  Only the line length limit counts the 2 added bytes (1 for an empty label, below).
+
+In a labelled file, a line whose label field is empty is scored as unlabelled (inference logs
+hold lines whose click is not known yet): it is parsed with a placeholder label and
+:attr:`Rows.labelled` says which rows have a label of their own.  Any other label but ``0``/``1``
+is a malformed line, as in preprocess.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class Rows:
     labels: np.ndarray | None  # (n,) float32 0/1; None for a 39-field file
     dense: np.ndarray  # (13, n) float32 log1p values
     ids: np.ndarray  # (26, n) rows of the embedding tables (int32, int64 for tables past int32)
+    # (n,) bool: the rows whose label field was not empty (None: all of them, or no labels)
+    labelled: np.ndarray | None = None
 
 
 def new_bad_line_log(policy: str, max_reports: int) -> BadLineLog:
@@ -129,20 +136,23 @@ def read_rows(
     """The file's good lines block by block (memory ~ ``chunk_bytes``); bad lines go to ``bad``;
     ``progress`` gets the bytes of the file read so far."""
     for block in criteo.iter_blocks(path, chunk_bytes):
-        data = (
-            block.data
-            if width == LABELLED
-            else _with_placeholder_label(block.data, block.first_line)
-        )
+        if width == LABELLED:
+            data, unknown = _with_empty_labels_filled(block.data, block.first_line)
+        else:
+            data, unknown = _with_placeholder_label(block.data, block.first_line), None
         parsed = criteo.parse_block(data, block.first_line, block.num_lines)
         if width == UNLABELLED:
             parsed.bad_details = [_unlabelled_detail(d) for d in parsed.bad_details]
         bad.add(path, bad_part(parsed, bad.max_reports), 0)
+        labelled = None
+        if unknown is not None and len(unknown):
+            labelled = ~np.isin(parsed.lines - block.first_line, unknown)
         yield Rows(
             parsed.lines + 1,
             parsed.label if width == LABELLED else None,
             parsed.dense,
             mapper(parsed.ids),
+            labelled,
         )
         if progress is not None:
             progress(block.bytes_read)
@@ -154,6 +164,22 @@ def _with_placeholder_label(data: bytes, first_line: int) -> bytes:
         data = data[len(_BOM) :]
     out = _PLACEHOLDER + data.replace(b"\n", b"\n" + _PLACEHOLDER)
     return out[: -len(_PLACEHOLDER)] if data.endswith(b"\n") else out
+
+
+def _with_empty_labels_filled(data: bytes, first_line: int) -> tuple[bytes, np.ndarray]:
+    """The block with a placeholder ``0`` in every empty label field (a line starting with a tab),
+    and those lines' indices in the block (a file's byte order mark dropped first)."""
+    if first_line == 0 and data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    if not data.startswith(b"\t") and b"\n\t" not in data:  # the usual block: a byte scan
+        return data, np.empty(0, np.int64)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    starts = np.concatenate([[0], np.flatnonzero(raw == ord("\n")) + 1])
+    starts = starts[starts < len(raw)]
+    empty = np.flatnonzero(raw[starts] == ord("\t"))
+    if not len(empty):
+        return data, empty
+    return np.insert(raw, starts[empty], ord(_PLACEHOLDER[:1])).tobytes(), empty
 
 
 def _unlabelled_detail(detail: str) -> str:

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from .data.format import atomic_write_text, to_json
+
+# metrics.jsonl, summary.json, checkpoints/step_N (train/checkpoint.py writes them), abandoned/
+from .layout import ABANDONED as ABANDONED
+from .layout import CKPT_DIR as CKPT_DIR
+from .layout import METRICS as METRICS
+from .layout import SUMMARY as SUMMARY
 from .readable import summary_order
 
-METRICS: Final = "metrics.jsonl"
-SUMMARY: Final = "summary.json"
-CKPT_DIR: Final = "checkpoints"  # checkpoints/step_N (train/checkpoint.py writes them)
 REPORT_PNG: Final = "report.png"
 REPORT_MD: Final = "report.md"
 
@@ -111,6 +114,35 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
             f"{metrics}:1: no start record with the run's config (not written by dlrm-cache train)"
         )
     return records
+
+
+def recorded_checkpoints(run_dir: Path) -> set[int] | None:
+    """The steps of the checkpoints ``run_dir``'s log records (None: it has no log).
+
+    A run writes a checkpoint record before each save, and a resume into the run directory cuts
+    the log back to its checkpoint's records, so these are the checkpoints of the run as its
+    records describe it (a save that did not complete is recorded but has no complete checkpoint).
+    Only the checkpoint records are parsed (a long log is mostly train records); a last line cut
+    short by a kill is not a record.
+    """
+    metrics = run_dir / METRICS
+    if not metrics.is_file():
+        return None
+    steps = set()
+    with open(metrics, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            if f'"{CHECKPOINT}"' not in line or not line.endswith("\n"):
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{metrics}:{i}: not a JSON record ({e.msg})") from None
+            if isinstance(record, dict) and record.get("kind") == CHECKPOINT:
+                step = record.get("step")
+                if not isinstance(step, int) or isinstance(step, bool):
+                    raise ValueError(f"{metrics}:{i}: a checkpoint record without an integer step")
+                steps.add(step)
+    return steps
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

@@ -8,16 +8,19 @@ tables (:class:`FrozenTables`) memory-mapped from the checkpoint.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from .config import Precision, flatten
-from .data.format import Manifest
+from .data.format import MANIFEST, Manifest
 from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from .layout import SNAPSHOT
 from .model.dcn import cross_shape
 from .model.dlrm import DLRM
 from .train.checkpoint import Checkpoint, find_checkpoint
@@ -96,12 +99,13 @@ class Trained:
 
 
 def open_trained(checkpoint: str, data: str | None = None, data_key: str = "dataset") -> Trained:
-    """The checkpoint ``checkpoint`` names (a run directory: its newest complete one), and the
-    dataset it was trained on.
+    """The checkpoint ``checkpoint`` names (a run directory: its final one, see
+    :func:`~.train.checkpoint.final_checkpoint`), and the dataset it was trained on.
 
-    ``data`` (default: the run's ``data.path``; ``data_key``: the option that named it, for
-    messages) must be the dataset the checkpoint was trained on: the same statistics, table sizes
-    and splits (its recorded identity), or the rows would mean other ids.
+    ``data`` (default: the run's ``data.path``, see :func:`recorded_dataset`; ``data_key``: the
+    option that names it, for messages) must be the dataset the checkpoint was trained on: the
+    same statistics, table sizes and splits (its recorded identity), or the rows would mean other
+    ids.
     """
     try:
         path = find_checkpoint(checkpoint)
@@ -122,10 +126,11 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
             f"{path}: not a dlrm-cache training checkpoint "
             f"(no {missing[0] if missing else 'model'})"
         )
-    data_path = Path(data if data is not None else str(config["data.path"])).expanduser()
-    named = (
-        f"{data_key}={data}" if data is not None else f"the run's data.path={config['data.path']}"
-    )
+    if data is not None:
+        data_path, named = Path(data).expanduser(), f"{data_key}={data}"
+    else:
+        data_path = recorded_dataset(ckpt, str(config["data.path"]), data_key)
+        named = f"the run's data.path={config['data.path']} ({data_path})"
     manifest = Manifest.load(data_path, key=data_key)
     trained_on = flatten(ckpt.meta.get("dataset", {}))
     here = flatten(manifest.identity())
@@ -141,3 +146,52 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
             f"differ); point {data_key}= at the dataset the run was trained on"
         )
     return Trained(ckpt, config, data_path, manifest)
+
+
+def recorded_dataset(ckpt: Checkpoint, data_path: str, data_key: str) -> Path:
+    """Where the run's ``data.path`` is now: the first of these that holds a dataset.
+
+    1. As the run saw it: an absolute path, or a relative one from the directory the run was
+       started in (the checkpoint's recorded ``cwd``, else Hydra's record of the run,
+       ``.hydra/hydra.yaml``);
+    2. a relative one from here;
+    3. where the dataset is if it kept its place relative to the run directory (the two moved or
+       were copied together): the recorded path seen from the recorded ``run_dir``, from where
+       the run directory is now;
+    4. a relative one from the run directory's parent.
+
+    None holds one: a one-line error naming ``data_key=``, where the dataset can be named.
+    """
+    p = Path(data_path).expanduser()
+    run_now = ckpt.path.parent.parent
+    cwd = ckpt.meta.get("cwd") or _hydra_cwd(run_now)
+    then = p if p.is_absolute() else Path(cwd) / p if isinstance(cwd, str) else None
+    run_then = ckpt.config.get("run_dir")
+    tried = [then]
+    if not p.is_absolute():
+        tried.append(p)
+    if then is not None and isinstance(run_then, str):
+        tried.append(Path(os.path.normpath(run_now.absolute() / os.path.relpath(then, run_then))))
+    if not p.is_absolute():
+        tried.append(run_now.parent / p)
+    candidates = list(dict.fromkeys(c for c in tried if c is not None))
+    for candidate in candidates:
+        if (candidate / MANIFEST).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"the run's data.path={data_path}: no dataset there (looked in "
+        f"{', '.join(str(c) for c in candidates)}); name the dataset the run was trained on "
+        f"with {data_key}=PATH"
+    )
+
+
+def _hydra_cwd(run_dir: Path) -> str | None:
+    """The directory Hydra recorded the run was started from, if it did."""
+    hydra_yaml = run_dir / SNAPSHOT / "hydra.yaml"
+    if not hydra_yaml.is_file():
+        return None
+    try:
+        cwd = OmegaConf.load(hydra_yaml).hydra.runtime.cwd
+    except Exception:  # not Hydra's file after all: no record
+        return None
+    return cwd if isinstance(cwd, str) else None

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from ..layout import MANIFEST as MANIFEST  # (re-exported: the dataset's marker)
+
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -45,7 +47,6 @@ NUM_SPARSE = 26
 DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
 SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 LABEL = "label"
-MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
 # Empty categorical fields are a value of their own (they are frequent in some features).
 MISSING_ID = -1

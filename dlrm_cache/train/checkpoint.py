@@ -8,7 +8,8 @@ checkpoint written by N ranks can be resumed by M ranks with any table placement
 
 Crash safety: everything is written (and fsync'ed) into ``.step_<N>.tmp/``, which replaces
 ``step_<N>/`` by :func:`~dlrm_cache.data.format.replace_dir`, so a kill at any point leaves every
-earlier checkpoint complete; :func:`find_checkpoint` takes the newest complete one.
+earlier checkpoint complete; :func:`final_checkpoint` takes the newest complete one that the run's
+log records (a resume from an older checkpoint first sets the later ones aside: :mod:`.branch`).
 
 Security: the ``.pt`` files are read with ``torch.load(weights_only=True)``: tensors and plain
 containers only, so a crafted file cannot run code; everything else is JSON.
@@ -40,12 +41,13 @@ from ..data.format import (
     recover_dir,
     replace_dir,
 )
+from ..layout import CKPT_DENSE, CKPT_META
 from ..parallel.placement import parse_key
-from ..rundir import CKPT_DIR
+from ..rundir import CKPT_DIR, recorded_checkpoints
 from .recorded import RecordedModel
 
-META = "meta.json"
-DENSE = "dense.pt"
+META = CKPT_META
+DENSE = CKPT_DENSE
 _STEP_DIR = re.compile(r"step_(\d+)")
 _LEFT_BEHIND = re.compile(r"\.(step_\d+)\.(tmp|old)")  # by a save that was killed
 
@@ -182,6 +184,19 @@ def _clean_left_behind(root: Path) -> None:
             recover_dir(root / m[1])
 
 
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every directory of a step in ``root``, by step: ``step_N`` (complete or not) and what a
+    killed save of it left (``.step_N.tmp``, ``.step_N.old``)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.fullmatch(p.name) or _LEFT_BEHIND.fullmatch(p.name)
+        if m and p.is_dir():
+            found.append((int(m[1].removeprefix("step_")), p))
+    return sorted(found)
+
+
 def _complete(directory: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints in ``directory`` by step: ``step_N`` with its meta.json, or the old
     ``step_N`` a killed save had set aside (before its replacement arrived)."""
@@ -200,19 +215,41 @@ def _complete(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+def final_checkpoint(run_dir: Path, folder: Path | None = None) -> Path | None:
+    """The run's final checkpoint: the newest complete one that its log records.
+
+    The one function that chooses "the run's checkpoint" (predict, export, ``resume=RUN`` and
+    train's refusal message all come here through :func:`find_checkpoint`).  The log's
+    checkpoint records are the run's account of itself (a resume cuts them back to its
+    checkpoint's), so a checkpoint they do not name is not the run's: one of a branch a resume
+    abandoned (normally set aside, see :mod:`.branch`), or one copied in.  Without a log, or with
+    a log that records none (checkpoints only), the newest complete one.  ``folder``: where the
+    ``step_N`` directories are (default ``run_dir/checkpoints``).
+    """
+    found = _complete(folder if folder is not None else run_dir / CKPT_DIR)
+    recorded = recorded_checkpoints(run_dir)
+    if recorded:
+        found = [(step, p) for step, p in found if step in recorded]
+    return found[-1][1] if found else None
+
+
 def find_checkpoint(resume: str) -> Path:
-    """A checkpoint directory, or a run directory / its checkpoints folder (then its newest
-    complete checkpoint)."""
+    """A checkpoint directory, or a run directory / its checkpoints folder / a folder of
+    ``step_N`` directories: then its :func:`final_checkpoint`."""
     p = Path(resume).expanduser()
     if (p / META).is_file():
         return p
-    for d in (p / CKPT_DIR, p):
-        found = _complete(d)
-        if found:
-            return found[-1][1]
-    raise FileNotFoundError(
-        f"resume={resume}: no checkpoint there (a directory with {META}), nor a run directory with a complete one"
-    )
+    if (p / CKPT_DIR).is_dir():
+        final = final_checkpoint(p)
+    elif p.name == CKPT_DIR:
+        final = final_checkpoint(p.parent, p)
+    else:
+        final = final_checkpoint(p, p)
+    if final is None:
+        raise FileNotFoundError(
+            f"resume={resume}: no checkpoint there (a directory with {META}), nor a run directory with a complete one"
+        )
+    return final
 
 
 def load_data(path: Path, mmap: bool = False) -> Any:
@@ -438,6 +475,7 @@ def checkpoint_meta(
     """What :func:`save_checkpoint` records beside the tensors (the other half of a resume check)."""
     return {
         "config": config_dict(cfg),
+        "cwd": os.getcwd(),  # where a relative data.path is (trained.recorded_dataset)
         "dataset": manifest.identity(),
         "world_size": world_size,
         "log_records": log_records,

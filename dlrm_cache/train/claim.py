@@ -1,8 +1,9 @@
 """A run directory belongs to one run: claimed (and locked) before a run writes anything into it.
 
 * **Ownership.**  A directory holding another run's files (``metrics.jsonl``, ``summary.json``,
-  ``checkpoints/``) is refused, naming it, unless the run resumes from a checkpoint of that very
-  directory (``resume=``) or says ``overwrite=true`` (then those files are removed first).  Hydra's
+  ``checkpoints/``, ``abandoned/``) is refused, naming it, unless the run resumes from a checkpoint
+  of that very directory (``resume=``; from an older one, what the run recorded after it is set
+  aside first, see :mod:`.branch`) or says ``overwrite=true`` (then those files are removed first).  Hydra's
   own files (``.hydra/``, ``train*.log``) do not make a directory taken: Hydra writes them before
   any command code runs.
 * **Hydra's snapshot.**  Hydra writes ``.hydra/`` before any command code runs, so
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from ..data.format import atomic_write_text
-from ..rundir import CKPT_DIR, METRICS, SUMMARY
+from ..layout import SNAPSHOT
+from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
 
 if TYPE_CHECKING:
     from ..parallel.dist import DistInfo
@@ -38,10 +40,9 @@ if TYPE_CHECKING:
 # (torch is imported where it is used: Hydra calls hydra_subdir() for every command, which must
 # not pay for importing torch)
 LOCK = ".lock"
-SNAPSHOT = ".hydra"  # Hydra's snapshot of a job's config (hydra.output_subdir)
 # What makes a directory a run's: the files a run writes (report reads them; a resume continues
-# them).
-RUN_FILES = (METRICS, SUMMARY, CKPT_DIR)
+# them; a resume from an older checkpoint sets a branch aside in abandoned/).
+RUN_FILES = (METRICS, SUMMARY, CKPT_DIR, ABANDONED)
 
 _held: dict[Path, int] = {}  # run directory -> the descriptor holding its lock (this process)
 
@@ -68,6 +69,10 @@ def claim_run_dir(
             _lock(run_dir)
             if _check_owner(run_dir, resume_from, overwrite) and config is not None:
                 _snapshot(run_dir, config)
+            if resume_from is not None and _own(run_dir, resume_from):
+                from .branch import set_aside_branch
+
+                set_aside_branch(run_dir, resume_from)
         except (RunDirTaken, OSError) as e:
             release(run_dir)
             error = str(e) if isinstance(e, RunDirTaken) else f"run dir {run_dir}: {e}"
@@ -178,9 +183,7 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
     found = _run_files(run_dir)
     if not found:
         return False
-    ours = (
-        resume_from is not None and Path(resume_from).resolve().parent.parent == run_dir.resolve()
-    )
+    ours = resume_from is not None and _own(run_dir, resume_from)
     if ours and overwrite:
         raise RunDirTaken(
             f"overwrite=true would delete the checkpoint resume= continues from ({resume_from}); "
@@ -203,6 +206,11 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
         f"run dir {run_dir} holds another run ({', '.join(found)}): {last}"
         "replace it with overwrite=true, or choose another hydra.run.dir"
     )
+
+
+def _own(run_dir: Path, checkpoint: Path) -> bool:
+    """``checkpoint`` is one of ``run_dir``'s own (``run_dir/checkpoints/step_N``)."""
+    return Path(checkpoint).resolve().parent.parent == run_dir.resolve()
 
 
 def _present(path: Path) -> bool:

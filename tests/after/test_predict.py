@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from after_runs import compose_config
 
 from dlrm_cache.cli import main
@@ -174,7 +175,10 @@ def test_bad_input_is_one_line_and_writes_nothing(
             ],
             "a_file/p.parquet: cannot write there",
         ),
-        ([f"checkpoint={host_run.path}", f"input={raw}", f"output={tmp_path}"], "is a directory"),
+        (
+            [f"checkpoint={host_run.path}", f"input={raw}", f"output={tmp_path / 'empty_run'}"],
+            "is a directory",
+        ),
         (
             [f"checkpoint={host_run.path}", f"input={raw}"],
             "output: required, e.g. output=predictions.parquet",
@@ -189,3 +193,59 @@ def test_bad_input_is_one_line_and_writes_nothing(
             lines[0],
         )
     assert not out.exists() and not (out.parent.exists() and any(out.parent.iterdir()))
+
+
+def test_no_line_to_score_is_an_error_with_the_count_per_reason(
+    capsys, host_run, raw_test_lines, tmp_path
+):
+    """Every label invalid: exit status 1, preprocess's count per reason, no output (not an empty
+    file and status 0)."""
+    raw = tmp_path / "bad_labels.txt"
+    raw.write_bytes(b"\n".join(b"2" + line[1:] for line in raw_test_lines[:300]) + b"\n")
+    out = tmp_path / "p.parquet"
+    code, _, err = run_predict(
+        capsys, f"checkpoint={host_run.path}", f"input={raw}", f"output={out}"
+    )
+    assert code == 1 and err.strip().splitlines() == [
+        f"dlrm-cache predict: error: input={raw}: no line to score: all 300 lines are malformed. "
+        f"label not 0/1: 300 (first: {raw}:1: label not 0/1 (label='2'))"
+    ]
+    assert list(tmp_path.iterdir()) == [raw]
+
+
+def test_an_empty_label_is_scored_as_unlabelled(
+    capsys, host_run, raw_test_lines, split_predictions, tmp_path
+):
+    """Inference logs: a line whose label field is empty is scored (label null) and left out of the
+    metrics, which are those of the labelled lines."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    _, split = split_predictions
+    blank = set(range(0, len(raw_test_lines), 3))
+    lines = [line[1:] if i in blank else line for i, line in enumerate(raw_test_lines)]
+    raw = tmp_path / "log.txt"
+    raw.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "p.parquet"
+    summary = predict_in_process(f"checkpoint={host_run.path}", f"input={raw}", f"output={out}")
+    frame = pd.read_parquet(out)
+    assert frame["line"].tolist() == list(range(1, len(lines) + 1))  # every line scored
+    np.testing.assert_array_equal(frame["probability"].to_numpy(), split["probability"].to_numpy())
+    unknown = frame["label"].isna().to_numpy()
+    assert np.flatnonzero(unknown).tolist() == sorted(blank)
+    known = frame[~unknown]
+    assert (known["label"].to_numpy() == split["label"].to_numpy()[~unknown]).all()
+    assert summary["scored"] == len(lines) and summary["labelled"] == len(known)
+    assert summary["samples"] == len(known)
+    auc = binary_auroc(
+        torch.tensor(known["probability"].to_numpy()),
+        torch.tensor(known["label"].to_numpy().astype(np.int64)),
+    ).item()
+    assert summary["auc"] == pytest.approx(auc, abs=1e-7)
+    # every label empty: scored, no metrics
+    raw.write_bytes(b"\n".join(line[1:] for line in raw_test_lines) + b"\n")
+    capsys.readouterr()
+    code, stdout, err = run_predict(
+        capsys, f"checkpoint={host_run.path}", f"input={raw}", f"output={out}"
+    )
+    assert code == 0 and "auc" not in stdout, err
+    assert pd.read_parquet(out)["label"].isna().all()

@@ -259,7 +259,7 @@ def test_refuses_foreign_output(raw_small: Path, tmp_path: Path) -> None:
     with pytest.raises(pp.PreprocessError, match="not a processed dataset"):
         pp.preprocess(pp_config(raw_small, out))
     assert (out / "notes.txt").exists()
-    with pytest.raises(pp.PreprocessError, match="contain the input"):
+    with pytest.raises(pp.PreprocessError, match="is the input"):
         pp.preprocess(pp_config(raw_small, raw_small))
 
 

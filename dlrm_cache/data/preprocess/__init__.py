@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...outputs import DATASET, UnsafeOutput, check_output
 from ..config import PreprocessConfig
 from ..format import Manifest, resolve_path
 from ..format import write_shard as _write_shard  # shards are written through this name
@@ -62,8 +63,10 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
 def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     t0 = time.perf_counter()
     sources = find_sources(inp)
-    if any(out == p or out in p.parents for p in [inp, *sources]):
-        raise PreprocessError(f"output {out} would contain the input {inp}; choose another output")
+    try:  # the rule every command's output follows (the output may be a dataset: it makes them)
+        check_output(out, "output", [("input", p) for p in [inp, *sources]], makes=DATASET)
+    except UnsafeOutput as e:
+        raise PreprocessError(str(e)) from None
     files, file_splits = select_files(cfg, inp, sources)
     wanted = settings(cfg, files)
     reused, root = None, None

@@ -51,6 +51,13 @@ class BadLineLog:
             if reason not in self.first:
                 self.first[reason] = msg.get(int(lines[first[k]])) or _any_of(msg, reason)
 
+    def per_reason(self) -> str:
+        """The counts, most frequent reason first, each with its first line's message."""
+        return "; ".join(
+            f"{reason}: {n} (first: {self.first[reason]})"
+            for reason, n in sorted(self.counts.items(), key=lambda kv: -kv[1])
+        )
+
 
 def _any_of(msg: dict[int, str], reason: str) -> str:
     """A kept message of this reason (a part keeps its first of each reason and its first few)."""
@@ -71,10 +78,7 @@ def why_no_training_lines(cfg: Any, plan: SplitPlan, bad: BadLineLog) -> str:
             f"{where}: {total} line(s) in all, and train_fraction={float(cfg.train_fraction):g} "
             "leaves none for training"
         )
-    per_reason = "; ".join(
-        f"{reason}: {n} (first: {bad.first[reason]})"
-        for reason, n in sorted(bad.counts.items(), key=lambda kv: -kv[1])
-    )
+    per_reason = bad.per_reason()
     hints = []
     if f"({criteo.NUM_FIELDS - 1} fields, expected" in bad.first.get(criteo.BAD_FIELDS, ""):
         hints.append(

@@ -1,0 +1,119 @@
+"""A run directory's final checkpoint is the one its records describe (issue 27, target 2).
+
+A run resumed into its own run directory from an older checkpoint (a branch) sets what it recorded
+after that checkpoint aside in ``abandoned/after_step_K/``; `predict`, `export` and ``resume=RUN``
+all take the newest complete checkpoint the run's log records, the one ``summary.json`` names.
+Every command runs through ``dlrm-cache`` (``cli.main``, in process: the fixtures' training costs
+seconds, a fresh interpreter per command as much again).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dlrm_cache.cli import main
+
+SMALL = [
+    "device=cpu",
+    "progress=false",
+    "data.batch_size=256",
+    "data.eval_batch_size=1000",
+    "model.embedding_dim=8",
+    "model.bottom_mlp=[16]",
+    "model.top_mlp=[16]",
+    "eval_batches=1",
+    "log_every=5",
+]
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def train(capsys, data: Path, run: Path, *extra: str) -> None:
+    code, _, err = cli(capsys, "train", f"data.path={data}", f"hydra.run.dir={run}", *SMALL, *extra)
+    assert code == 0, err
+
+
+def records(run: Path, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def steps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def exported_step(capsys, checkpoint: Path, out: Path) -> int:
+    code, _, err = cli(capsys, "export", f"checkpoint={checkpoint}", f"output={out}")
+    assert code == 0, err
+    return int(json.loads((out / "dlrm.json").read_text())["step"])
+
+
+@pytest.fixture(scope="module")
+def branched(processed_synth: Path, tmp_path_factory) -> Path:
+    """A run to step 30 (checkpoints 10, 20, 30), then resumed in its own directory from step 10
+    to step 20."""
+    run = tmp_path_factory.mktemp("branch") / "run"
+    for extra in (
+        ["max_steps=30", "checkpoint_every=10"],
+        ["max_steps=20", "checkpoint_every=10", f"resume={run}/checkpoints/step_00000010"],
+    ):
+        try:
+            main(["train", f"data.path={processed_synth}", f"hydra.run.dir={run}", *SMALL, *extra])
+        except SystemExit as e:
+            assert not e.code, e.code
+    return run
+
+
+def test_a_branch_sets_aside_what_came_after_its_checkpoint(branched: Path):
+    run = branched
+    aside = run / "abandoned" / "after_step_00000010"
+    assert steps(run / "checkpoints") == ["step_00000010", "step_00000020"]
+    assert steps(aside / "checkpoints") == ["step_00000020", "step_00000030"]
+    # the run's records: its summary and log describe the new branch, ending at step 20
+    assert json.loads((run / "summary.json").read_text())["steps"] == 20
+    assert [r["step"] for r in records(run, "checkpoint")] == [10, 20]
+    # the abandoned branch is a run directory of its own: its log as it was, its summary
+    assert json.loads((aside / "summary.json").read_text())["steps"] == 30
+    assert [r["step"] for r in records(aside, "checkpoint")] == [10, 20, 30]
+
+
+def test_every_command_takes_the_checkpoint_the_records_name(
+    capsys, branched: Path, processed_synth: Path, tmp_path: Path
+):
+    run = tmp_path / "run"
+    shutil.copytree(branched, run)
+    assert exported_step(capsys, run, tmp_path / "e1") == 20
+    code, out, err = cli(
+        capsys,
+        "predict",
+        "progress=false",
+        f"checkpoint={run}",
+        f"input={processed_synth}",
+        "split=val",
+        f"output={tmp_path / 'p.parquet'}",
+    )
+    assert code == 0 and "step_00000020" in out and "step_00000030" not in out, (out, err)
+    # a later checkpoint the log does not record (left by a branch before this rule) is not the run's
+    shutil.copytree(
+        run / "abandoned" / "after_step_00000010" / "checkpoints" / "step_00000030",
+        run / "checkpoints" / "step_00000030",
+    )
+    assert exported_step(capsys, run, tmp_path / "e2") == 20
+    assert exported_step(capsys, run / "abandoned" / "after_step_00000010", tmp_path / "e3") == 30
+    # resume=RUN continues from step 20 and sets the unrecorded step 30 aside
+    train(capsys, processed_synth, run, "max_steps=25", f"resume={run}")
+    assert [r["step"] for r in records(run, "start")] == [0, 10, 20]
+    assert steps(run / "checkpoints") == ["step_00000010", "step_00000020", "step_00000025"]
+    assert steps(run / "abandoned" / "after_step_00000020" / "checkpoints") == ["step_00000030"]
