@@ -4,7 +4,7 @@ reads it would, and more.
 What `train`, `predict` and `export` check is checked here by the same functions: the manifest
 (:meth:`Manifest.load`: its fields, no shard listed twice or in two splits), every shard's footer
 against it (:meth:`Manifest.check_shard`: a regular file, its rows and columns), every id inside
-its table (:func:`~dlrm_cache.data.loader.check_ids`), the statistics (:func:`read_checked`: the
+its table (:func:`~dlrm_cache.data.idrange.check_ids`), the statistics (:func:`read_checked`: the
 file the manifest's digest names, table sizes the manifest's, a row per kept id).  And more:
 every page against its CRC32, labels 0 or 1, dense values finite, the statistics' rows in rank
 order, statistics beside a manifest that records none.  Each bad file is one line naming it; the
@@ -23,7 +23,7 @@ import numpy as np
 from omegaconf import MISSING, OmegaConf
 
 from .data.format import LABEL, MANIFEST, Manifest, one_line, read_parquet
-from .data.loader import check_ids
+from .data.idrange import check_ids
 from .data.stats import COUNTS, SUMMARY, check_stats
 
 

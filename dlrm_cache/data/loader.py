@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..parallel.owned import OwnedShards, rank_rows
 from ..parallel.placement import Shard
 from .format import LABEL, Manifest, open_parquet, read_errors
+from .idrange import check_ids
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
@@ -321,23 +320,6 @@ class ShardStream:
             np.copyto(ids.numpy()[:, at : at + len(p)], p.ids)
             at += len(p)
         return self.one_id.batch(dense, ids, labels)
-
-
-def check_ids(table: pa.Table, path: Path, names: list[str], sizes: list[int]) -> None:
-    """Every id of columns ``names`` inside its table of ``sizes`` rows, from the values as stored
-    (statistics can lie; a cast to int32 could wrap): checked as a shard is read, before any
-    placement sees them, so the error names the shard under every placement."""
-    if table.num_rows == 0:
-        return
-    for name, size in zip(names, sizes):
-        low, high = pc.min_max(table.column(name)).values()
-        low, high = low.as_py(), high.as_py()
-        if low is None or low < 0 or high >= size:
-            bad = low if low is None or low < 0 else high
-            raise ValueError(
-                f"{path}: column {name} holds ids outside [0, {size}) "
-                f"(id {bad}: shard and manifest do not match; preprocess again)"
-            )
 
 
 def _sourced(
