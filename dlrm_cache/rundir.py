@@ -16,12 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from omegaconf import OmegaConf
+
 from .data.format import atomic_write_text, to_json
 
 # metrics.jsonl, summary.json, checkpoints/step_N (train/checkpoint.py writes them), abandoned/
 from .layout import ABANDONED as ABANDONED
 from .layout import CKPT_DIR as CKPT_DIR
 from .layout import METRICS as METRICS
+from .layout import SNAPSHOT
 from .layout import SUMMARY as SUMMARY
 from .readable import summary_order
 
@@ -171,3 +174,15 @@ def _nulls_as_nan(record: Any) -> Any:
     if isinstance(record, dict):
         return {k: math.nan if v is None else v for k, v in record.items()}
     return record
+
+
+def hydra_cwd(run_dir: Path) -> str | None:
+    """The directory Hydra recorded the run was started from, if it did."""
+    hydra_yaml = run_dir / SNAPSHOT / "hydra.yaml"
+    if not hydra_yaml.is_file():
+        return None
+    try:
+        cwd = OmegaConf.load(hydra_yaml).hydra.runtime.cwd
+    except Exception:  # not Hydra's file after all: no record
+        return None
+    return cwd if isinstance(cwd, str) else None

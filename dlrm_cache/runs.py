@@ -11,7 +11,17 @@ from typing import Any
 
 from .config import backend_name, flatten
 from .data.stats import SUMMARY as STATS_SUMMARY
-from .rundir import EVAL, METRICS, START, SUMMARY, TRAIN, is_run_dir, read_records, read_summary
+from .rundir import (
+    EVAL,
+    METRICS,
+    START,
+    SUMMARY,
+    TRAIN,
+    hydra_cwd,
+    is_run_dir,
+    read_records,
+    read_summary,
+)
 
 # config keys that differ between any two runs without describing what was compared (data.path:
 # compare() has checked that every run read the same dataset, however its path was written)
@@ -201,10 +211,7 @@ def dataset_path(run: RunRecord) -> Path | None:
     directory the run was started from (Hydra records it)."""
     p = Path(run.config["data"]["path"])
     candidates = [p]
-    hydra_yaml = run.path / ".hydra" / "hydra.yaml"
-    if not p.is_absolute() and hydra_yaml.is_file():
-        from omegaconf import OmegaConf
-
-        cwd = OmegaConf.load(hydra_yaml).hydra.runtime.cwd
+    cwd = None if p.is_absolute() else hydra_cwd(run.path)
+    if cwd is not None:
         candidates.append(Path(cwd) / p)
     return next((c for c in candidates if (c / STATS_SUMMARY).is_file()), None)

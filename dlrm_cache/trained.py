@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from .config import Precision, flatten
 from .data.format import MANIFEST, Manifest
 from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
-from .layout import SNAPSHOT
 from .model.dcn import cross_shape
 from .model.dlrm import DLRM
+from .rundir import hydra_cwd
 from .train.checkpoint import Checkpoint, find_checkpoint
 
 
@@ -164,7 +163,7 @@ def recorded_dataset(ckpt: Checkpoint, data_path: str, data_key: str) -> Path:
     """
     p = Path(data_path).expanduser()
     run_now = ckpt.path.parent.parent
-    cwd = ckpt.meta.get("cwd") or _hydra_cwd(run_now)
+    cwd = ckpt.meta.get("cwd") or hydra_cwd(run_now)
     then = p if p.is_absolute() else Path(cwd) / p if isinstance(cwd, str) else None
     run_then = ckpt.config.get("run_dir")
     tried = [then]
@@ -183,15 +182,3 @@ def recorded_dataset(ckpt: Checkpoint, data_path: str, data_key: str) -> Path:
         f"{', '.join(str(c) for c in candidates)}); name the dataset the run was trained on "
         f"with {data_key}=PATH"
     )
-
-
-def _hydra_cwd(run_dir: Path) -> str | None:
-    """The directory Hydra recorded the run was started from, if it did."""
-    hydra_yaml = run_dir / SNAPSHOT / "hydra.yaml"
-    if not hydra_yaml.is_file():
-        return None
-    try:
-        cwd = OmegaConf.load(hydra_yaml).hydra.runtime.cwd
-    except Exception:  # not Hydra's file after all: no record
-        return None
-    return cwd if isinstance(cwd, str) else None
