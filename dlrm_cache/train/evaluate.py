@@ -9,16 +9,9 @@ import torch
 from ..console import Progress
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend
+from ..outputs import Stopped
 from .metrics import EvalMetrics
 from .pipeline import Pipeline
-
-
-class Stopped(Exception):
-    """An evaluation ended early by a stop signal (SIGTERM, SIGINT) every rank agreed on."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by signal {signum}")
-        self.signum = signum
 
 
 @torch.no_grad()

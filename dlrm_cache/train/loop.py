@@ -18,12 +18,12 @@ from tqdm import tqdm
 from ..config import backend_name, config_dict
 from ..console import say
 from ..data.format import Manifest
+from ..outputs import Stopped
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
 from ..readable import summary_order
 from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
 from .build import TrainingRun, build_run, restore
 from .claim import release as release_run_dirs
-from .evaluate import Stopped
 from .guard import LossGuard
 from .metrics import StatsTotals, format_table, interval_line
 from .pipeline import Pipeline
