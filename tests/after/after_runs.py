@@ -6,7 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import torch
 from hydra import compose, initialize_config_dir
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_cache.configstore import config_dir, register_configs
 
@@ -46,3 +51,49 @@ def _train(overrides: list[str]) -> dict:
     from dlrm_cache.train.loop import train
 
     return train(compose_config("train", overrides))
+
+
+def exported_tables(args: dict) -> EmbeddingBagCollection:
+    """The embedding tables an export's ``dlrm.json`` arguments describe, as torchrec builds
+    them (from the JSON alone, not through dlrm_cache.export's own builder)."""
+    tables = [
+        EmbeddingBagConfig(
+            name=t["name"],
+            embedding_dim=t["embedding_dim"],
+            num_embeddings=t["num_embeddings"],
+            feature_names=t["feature_names"],
+        )
+        for t in args["embedding_bag_collection"]["tables"]
+    ]
+    return EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+
+
+def assert_reproduces_predict(
+    model: torch.nn.Module, checkpoint: Path, data: Path, tmp_path: Path
+) -> None:
+    """``model`` (an exported state dict loaded into torchrec's model) gives ``predict``'s
+    probabilities for ``checkpoint`` over ``data``'s test split, to 1e-6."""
+    from dlrm_cache.data.format import Manifest
+    from dlrm_cache.data.loader import ShardStream
+    from dlrm_cache.predict import predict
+
+    model.eval()
+    predicted = tmp_path / "p.parquet"
+    predict(
+        compose_config(
+            "predict",
+            [
+                "progress=false",
+                f"checkpoint={checkpoint}",
+                f"input={data}",
+                f"output={predicted}",
+            ],
+        )
+    )
+    expected = pd.read_parquet(predicted)["probability"].to_numpy()
+    stream = ShardStream(data, Manifest.load(data), "test", 1000, shuffle=False, drop_last=False)
+    with torch.no_grad():
+        probs = torch.cat(
+            [torch.sigmoid(model(b.dense, b.sparse)).squeeze(-1) for b in stream.batches()]
+        )
+    np.testing.assert_allclose(probs.numpy(), expected, rtol=0, atol=1e-6)

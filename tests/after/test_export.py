@@ -7,18 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import torch
-from after_runs import compose_config
+from after_runs import assert_reproduces_predict, exported_tables
 from torchrec.models.dlrm import DLRM
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_cache.cli import main
-from dlrm_cache.data.format import Manifest
-from dlrm_cache.data.loader import ShardStream
-from dlrm_cache.predict import predict
 
 
 def run_export(capsys, *overrides: str) -> tuple[int, str, str]:
@@ -40,50 +33,14 @@ def test_torchrec_dlrm_reproduces_predict(
     assert sorted(p.name for p in out.iterdir()) == ["dlrm.json", "state_dict.pt"]
     # torchrec's model from the JSON alone (not through dlrm_cache.export's own builder)
     args = json.loads((out / "dlrm.json").read_text())["args"]
-    tables = [
-        EmbeddingBagConfig(
-            name=t["name"],
-            embedding_dim=t["embedding_dim"],
-            num_embeddings=t["num_embeddings"],
-            feature_names=t["feature_names"],
-        )
-        for t in args["embedding_bag_collection"]["tables"]
-    ]
     model = DLRM(
-        EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+        exported_tables(args),
         args["dense_in_features"],
         args["dense_arch_layer_sizes"],
         args["over_arch_layer_sizes"],
     )
     model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True), strict=True)
-    model.eval()
-
-    predicted = tmp_path / "p.parquet"
-    predict(
-        compose_config(
-            "predict",
-            [
-                "progress=false",
-                f"checkpoint={cached_run.path}",
-                f"input={processed_synth}",
-                f"output={predicted}",
-            ],
-        )
-    )
-    expected = pd.read_parquet(predicted)["probability"].to_numpy()
-    stream = ShardStream(
-        processed_synth,
-        Manifest.load(processed_synth),
-        "test",
-        1000,
-        shuffle=False,
-        drop_last=False,
-    )
-    with torch.no_grad():
-        probs = torch.cat(
-            [torch.sigmoid(model(b.dense, b.sparse)).squeeze(-1) for b in stream.batches()]
-        )
-    np.testing.assert_allclose(probs.numpy(), expected, rtol=0, atol=1e-6)
+    assert_reproduces_predict(model, cached_run.path, processed_synth, tmp_path)
 
 
 def test_export_bad_input(capsys, host_run, tmp_path: Path):
