@@ -28,9 +28,9 @@ import shutil
 from pathlib import Path
 
 from ..data.format import atomic_file
-from ..layout import SNAPSHOT
+from ..layout import CKPT_META, SNAPSHOT
 from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
-from .checkpoint import META, step_dirs
+from .checkpoint import step_dirs
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def set_aside_branch(run_dir: Path, resume_from: Path) -> Path | None:
     """Move what ``run_dir`` recorded after the checkpoint ``resume_from`` (one of its own) to a new
     ``abandoned/after_step_<K>``; returns that directory, or None when nothing lay after it."""
-    step = int(json.loads((resume_from / META).read_text())["step"])
+    step = int(json.loads((resume_from / CKPT_META).read_text())["step"])
     later = [(n, p) for n, p in step_dirs(run_dir / CKPT_DIR) if n > step]
     summary = run_dir / SUMMARY
     if not later and not summary.exists():

@@ -46,8 +46,6 @@ from ..parallel.placement import parse_key
 from ..rundir import CKPT_DIR, recorded_checkpoints
 from .recorded import RecordedModel
 
-META = CKPT_META
-DENSE = CKPT_DENSE
 _STEP_DIR = re.compile(r"step_(\d+)")
 _LEFT_BEHIND = re.compile(r"\.(step_\d+)\.(tmp|old)")  # by a save that was killed
 
@@ -110,15 +108,15 @@ def save_checkpoint(
             dist.all_gather_object(gathered, files)
             files = {k: v for g in gathered for k, v in g.items()}
         if rank == 0:
-            files[DENSE] = ([], _save(dense, tmp / DENSE))
+            files[CKPT_DENSE] = ([], _save(dense, tmp / CKPT_DENSE))
             record = {
                 **meta,
                 "step": step,
                 "tables": {k: f for f, (keys, _) in files.items() for k in keys},
                 "files": {f: size for f, (_, size) in files.items()},
             }
-            atomic_write_text(tmp / META, json.dumps(record, indent=1))
-            fsync_path(tmp / META)
+            atomic_write_text(tmp / CKPT_META, json.dumps(record, indent=1))
+            fsync_path(tmp / CKPT_META)
             replace_dir(tmp, final)
     except OSError as e:  # disk full, quota, permissions: the earlier checkpoints stay as they were
         if rank == 0:
@@ -206,7 +204,7 @@ def _complete(directory: Path) -> list[tuple[int, Path]]:
     for p in directory.iterdir():
         step = _STEP_DIR.fullmatch(p.name)
         aside = _LEFT_BEHIND.fullmatch(p.name)
-        if not (p / META).is_file():
+        if not (p / CKPT_META).is_file():
             continue
         if step:
             found[int(step[1])] = p
@@ -237,7 +235,7 @@ def find_checkpoint(resume: str) -> Path:
     """A checkpoint directory, or a run directory / its checkpoints folder / a folder of
     ``step_N`` directories: then its :func:`final_checkpoint`."""
     p = Path(resume).expanduser()
-    if (p / META).is_file():
+    if (p / CKPT_META).is_file():
         return p
     if (p / CKPT_DIR).is_dir():
         final = final_checkpoint(p)
@@ -247,7 +245,7 @@ def find_checkpoint(resume: str) -> Path:
         final = final_checkpoint(p, p)
     if final is None:
         raise FileNotFoundError(
-            f"resume={resume}: no checkpoint there (a directory with {META}), nor a run directory with a complete one"
+            f"resume={resume}: no checkpoint there (a directory with {CKPT_META}), nor a run directory with a complete one"
         )
     return final
 
@@ -318,7 +316,7 @@ def meta_problem(meta: Any, directory: Path) -> str | None:
         if not ok(meta[key]):
             return f"{key!r} must be {what}"
     home = directory.resolve()
-    for name in sorted({*meta["tables"].values(), *meta["files"], DENSE}):
+    for name in sorted({*meta["tables"].values(), *meta["files"], CKPT_DENSE}):
         if name not in meta["files"]:
             return f"no size recorded for {name!r}"
         if (
@@ -336,7 +334,7 @@ class Checkpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        meta_path = self.path / META
+        meta_path = self.path / CKPT_META
         check_regular(meta_path)
         try:
             self.meta: dict[str, Any] = json.loads(meta_path.read_text())
@@ -354,7 +352,7 @@ class Checkpoint:
             )
         self.step: int = self.meta["step"]
         stored: dict[str, str] = self.meta["tables"]
-        for name in sorted({*stored.values(), DENSE}):
+        for name in sorted({*stored.values(), CKPT_DENSE}):
             f = self.path / name
             want = self.meta["files"][name]
             have = f.stat().st_size if f.is_file() else None
@@ -364,7 +362,7 @@ class Checkpoint:
                     f"{f}: {found} but {meta_path} records {want}"
                     " (cut short or replaced?); resume from another checkpoint"
                 )
-        self.dense: dict[str, Any] = load_data(self.path / DENSE)
+        self.dense: dict[str, Any] = load_data(self.path / CKPT_DENSE)
         self.config: dict[str, Any] = self.meta["config"]
         try:
             self.model = RecordedModel.of(self.meta)
@@ -377,7 +375,7 @@ class Checkpoint:
         )
         if problem is not None:
             raise ValueError(
-                f"{self.path / DENSE}: not the model {meta_path} describes ({problem}); "
+                f"{self.path / CKPT_DENSE}: not the model {meta_path} describes ({problem}); "
                 "resume from another checkpoint"
             )
 
@@ -387,7 +385,7 @@ class Checkpoint:
             return (
                 None
                 if isinstance(value, torch.Tensor)
-                else f"holds no tensor {key} though {META} says so"
+                else f"holds no tensor {key} though {CKPT_META} says so"
             )
         return self.model.table_problem(key, value)
 
@@ -498,7 +496,7 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     unknown = [k for k in (*required, *REQUIRED_DATASET_KEYS) if k not in then]
     if unknown:  # nothing to compare: the resume could not be checked
         raise ValueError(
-            f"{ckpt.path / META}: records no {unknown[0]} (of the run's config or its dataset); "
+            f"{ckpt.path / CKPT_META}: records no {unknown[0]} (of the run's config or its dataset); "
             "it cannot be checked against this run, resume from another checkpoint"
         )
     diff = [k for k in now if k in then and then[k] != now[k]]
