@@ -8,7 +8,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .data.format import Manifest, atomic_write_text
+from .data.files import atomic_write_text
+from .data.format import Manifest
 from .data.stats import load_counts
 from .embedding.base import SparseOptim
 from .embedding.freq_cache.layout import plan_table

@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .configstore import config_dir, register_configs
 from .console import quiet_known_noise, say
-from .data.format import WriteError
+from .data.files import WriteError
 from .outputs import Stopped
 from .ranges import validate
 from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .after_config import require
-from .data.format import replace_dir
+from .data.files import replace_dir
 from .model.dcn import cross_shape
 from .outputs import check_output, stop_on_signals
 from .trained import Trained, open_trained

@@ -33,7 +33,8 @@ import torch
 from tqdm import tqdm
 
 from .after_config import require
-from .data.format import MANIFEST, Manifest, WriteError, atomic_file
+from .data.files import WriteError, atomic_file
+from .data.format import MANIFEST, Manifest
 from .data.loader import Batch, OneIdPerSample, ShardStream
 from .outputs import check_output, stop_on_signals
 from .parallel.dist import resolve_device

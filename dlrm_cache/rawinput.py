@@ -30,7 +30,8 @@ import numpy as np
 
 # The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
 from .data import criteo
-from .data.format import Manifest, one_line
+from .data.files import one_line
+from .data.format import Manifest
 from .data.preprocess.badlines import BadLineLog
 from .data.preprocess.parse import bad_part, hash_ids
 from .data.stats import FeatureStats, load_feature_stats

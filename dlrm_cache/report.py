@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .data.format import atomic_write_text
+from .data.files import atomic_write_text
 from .embedding.rates import rate_weight_key
 from .panels import Line, Panel
 from .readable import format_value, summary_order

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from omegaconf import OmegaConf
 
-from .data.format import atomic_write_text, to_json
+from .data.files import atomic_write_text, to_json
 
 # metrics.jsonl, summary.json, checkpoints/step_N (train/checkpoint.py writes them), abandoned/
 from .layout import ABANDONED as ABANDONED
@@ -170,7 +170,7 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def _nulls_as_nan(record: Any) -> Any:
     """A record's ``null`` values as NaN: the writer writes a non-finite number (the AUC of an
-    empty validation split, a rate over no time) as ``null`` (data.format.to_json)."""
+    empty validation split, a rate over no time) as ``null`` (data.files.to_json)."""
     if isinstance(record, dict):
         return {k: math.nan if v is None else v for k, v in record.items()}
     return record

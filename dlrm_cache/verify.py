@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 from omegaconf import MISSING, OmegaConf
 
-from .data.format import LABEL, MANIFEST, Manifest, one_line, read_parquet
+from .data.files import one_line
+from .data.format import LABEL, MANIFEST, Manifest
 from .data.idrange import check_ids
+from .data.parquet import read_parquet
 from .data.stats import COUNTS, SUMMARY, check_stats
 
 

@@ -16,8 +16,8 @@ from dlrm_cache.data.format import (
     SPARSE_NAMES,
     Manifest,
     SplitInfo,
-    write_parquet,
 )
+from dlrm_cache.data.parquet import write_parquet
 
 
 def write_dataset(

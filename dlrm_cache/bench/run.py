@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ..data.format import atomic_write_text
+from ..data.files import atomic_write_text
 from ..embedding.base import DeviceUnavailable
 from ..parallel.dist import resolve_device
 from . import BenchFailed

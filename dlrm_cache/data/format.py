@@ -10,9 +10,8 @@ A processed dataset is a directory:
     val/part-00000.parquet ...    C1..C26 (int32 or int64 frequency ranks: 0 = hottest row)
     test/...
 
-Every parquet file is written with a CRC32 per page (:data:`PARQUET_WRITE`, by :func:`write_parquet`)
-and read back verified (:func:`read_parquet`, :func:`open_parquet`): a flipped bit is an error
-naming the file, not other values to train on.
+Every parquet file is written with a CRC32 per page and read back verified (:mod:`.parquet`); the
+manifest, like every output, is written under a temporary name and renamed (:mod:`.files`).
 
 Row r of table C_j is the r-th most frequent (hashed) id of feature j in the training split
 (ties broken by the smaller id).  The last row of every table (index ``table_sizes[j] - 1``) is the
@@ -24,21 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import shutil
-import stat
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from ..layout import MANIFEST as MANIFEST  # (re-exported: the dataset's marker)
+from .files import atomic_write_text, check_regular, one_line
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
@@ -51,8 +44,6 @@ SPLITS = ("train", "val", "test")
 # Empty categorical fields are a value of their own (they are frequent in some features).
 MISSING_ID = -1
 
-# What every parquet file dlrm-cache writes carries: a CRC32 per page, verified on every read.
-PARQUET_WRITE: dict[str, Any] = {"write_page_checksum": True}
 
 # Per-feature distinct values of Criteo Kaggle, as used by DLRM (../shared/criteo/README.md).
 KAGGLE_CARDINALITIES = [
@@ -85,11 +76,46 @@ KAGGLE_CARDINALITIES = [
 ]
 
 
+# Ids per sample of C1..C26 in MLPerf DLRM v2's synthetic multi-hot Criteo 1TB.
+MLPERF_MULTI_HOT_SIZES = [
+    3,
+    2,
+    1,
+    2,
+    6,
+    1,
+    1,
+    1,
+    1,
+    7,
+    3,
+    8,
+    1,
+    6,
+    9,
+    5,
+    1,
+    1,
+    1,
+    12,
+    100,
+    27,
+    10,
+    3,
+    1,
+    1,
+]
+
+
 @dataclass
 class SplitInfo:
     rows: int
     shards: list[str]  # paths relative to the dataset directory
     shard_rows: list[int]
+
+
+# Manifest fields written only when set (see Manifest.save).
+OPTIONAL_FIELDS = ("multi_hot",)
 
 
 @dataclass
@@ -105,9 +131,18 @@ class Manifest:
     bad_lines: dict[str, int] = field(default_factory=dict)  # reason -> count
     dense_names: list[str] = field(default_factory=lambda: list(DENSE_NAMES))
     sparse_names: list[str] = field(default_factory=lambda: list(SPARSE_NAMES))
+    # features whose shard column is a list of ids per sample (multi-hot, any length, 0 included);
+    # every other feature's column holds exactly one id per sample
+    multi_hot: list[str] = field(default_factory=list)
 
     def save(self, directory: str | os.PathLike) -> None:
-        atomic_write_text(Path(directory) / MANIFEST, json.dumps(asdict(self), indent=2))
+        """Written without the optional fields left at their defaults (``multi_hot``): a
+        one-hot dataset's manifest is the same bytes it always was."""
+        fields = asdict(self)
+        for key in OPTIONAL_FIELDS:
+            if not fields[key]:
+                del fields[key]
+        atomic_write_text(Path(directory) / MANIFEST, json.dumps(fields, indent=2))
 
     @classmethod
     def load(cls, directory: str | os.PathLike, key: str = "data.path") -> Manifest:
@@ -166,6 +201,8 @@ class Manifest:
             return "sparse_names must be a name per table of table_sizes"
         if not names(self.dense_names):
             return "dense_names must be a list of column names"
+        if not names(self.multi_hot) or not set(self.multi_hot) <= set(self.sparse_names):
+            return "multi_hot must name features of sparse_names"
         for key in ("min_count", "hash_modulus"):
             if not counts([getattr(self, key)]):
                 return f"{key} must be an integer >= 0"
@@ -216,6 +253,9 @@ class Manifest:
             "hash_modulus": self.hash_modulus,
             "dense_names": self.dense_names,
             "sparse_names": self.sparse_names,
+            # only where set: a one-hot dataset's identity is what it always was (checkpoints
+            # record it)
+            **({"multi_hot": self.multi_hot} if self.multi_hot else {}),
         }
 
     def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> str:
@@ -256,201 +296,3 @@ class Manifest:
                 f"{LABEL}, I1.., C..; the shard and manifest do not match (preprocess again)"
             )
         return meta
-
-
-def write_parquet(table: pa.Table, path: str | os.PathLike, **options: Any) -> None:
-    """``pq.write_table`` with :data:`PARQUET_WRITE` (page checksums); ``options``: compression,
-    row groups, ... (the caller writes to a temporary name and renames it)."""
-    import pyarrow.parquet as pq
-
-    pq.write_table(table, path, **PARQUET_WRITE, **options)
-
-
-class DataError(ValueError):
-    """A dataset file that is damaged or not what the manifest says: the message names it."""
-
-
-def open_parquet(path: str | os.PathLike) -> pq.ParquetFile:
-    """A parquet file whose pages are checked against their CRC32 as they are read.  Errors, here
-    and in the reads of the returned file, are turned into :class:`DataError` by :func:`read_errors`."""
-    import pyarrow.parquet as pq
-
-    check_regular(path)
-    with read_errors(path):
-        return pq.ParquetFile(path, page_checksum_verification=True)
-
-
-def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
-    """The whole file (or ``columns``), every page verified; damage is a :class:`DataError`."""
-    with read_errors(path):
-        return open_parquet(path).read(columns=columns)
-
-
-@contextmanager
-def read_errors(path: str | os.PathLike) -> Iterator[None]:
-    """A failed read, checksum or decode of the parquet file ``path`` as one line naming it.
-
-    A missing or unreadable file stays the OSError it is (its message names the file); anything
-    pyarrow reports about the content (a CRC mismatch is an OSError there, a bad footer an
-    ArrowInvalid, a decompressor failure either) becomes a :class:`DataError`.
-    """
-    import pyarrow as pa
-
-    try:
-        yield
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
-        raise type(e)(e.errno, f"{path}: {e.strerror}") from None
-    except DataError:
-        raise
-    except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError
-        raise DataError(
-            f"{path}: damaged or not a parquet file ({one_line(e)[:200]}); "
-            "preprocess the data again (`dlrm-cache verify` checks a whole dataset)"
-        ) from None
-
-
-def write_shard(table: Any, path: str | os.PathLike) -> None:
-    """Write one shard (a pyarrow Table with the columns above) under a temporary name, then
-    rename it into place.  Every shard of a dataset is written by this function."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    # lz4 without dictionary pages: ~3x faster to write than the defaults, ~30% larger.
-    write_parquet(
-        table, tmp, row_group_size=table.num_rows, compression="lz4", use_dictionary=False
-    )
-    os.replace(tmp, path)
-
-
-class WriteError(OSError):
-    """An output that could not be written (disk full, quota, file size limit): the message names
-    it and says what was kept."""
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (for errors that name a file)."""
-    return " ".join(str(e).split()) or type(e).__name__
-
-
-@contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
-    """Open a temporary file beside ``path``; on success it is renamed into place (readers never
-    see a half-written file), on failure removed.  Permissions follow the umask like open()'s."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_file(path) as f:
-        f.write(text)
-
-
-def to_json(
-    obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None
-) -> str:
-    """JSON any parser reads (Python's ``json`` writes a bare ``NaN`` otherwise): a non-finite
-    float (the AUC of no samples, a rate over no time, a diverged loss) is written as ``null``."""
-
-    def plain(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [plain(v) for v in x]
-        return x
-
-    fallback = None if default is None else (lambda x: plain(default(x)))
-    return json.dumps(plain(obj), indent=indent, default=fallback, allow_nan=False)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def replace_dir(new: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Move the complete directory ``new`` to ``final``, replacing what was there.
-
-    A kill at any point leaves a complete directory at ``final``, or (between the two renames) the
-    old one at :func:`aside_path` that :func:`recover_dir` puts back: the old directory is moved
-    aside, the new one renamed in, and only then the old one deleted.
-    """
-    new, final = Path(new), Path(final)
-    fsync_path(new)  # its entries are on the disk before it is renamed in
-    recover_dir(final)
-    aside = aside_path(final)
-    if final.exists():
-        final.rename(aside)
-    new.rename(final)
-    fsync_path(final.parent)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def aside_path(final: str | os.PathLike) -> Path:
-    """Where :func:`replace_dir` keeps the old directory while the new one is renamed in."""
-    final = Path(final)
-    return final.parent / f".{final.name}.old"
-
-
-def recover_dir(final: str | os.PathLike) -> None:
-    """Finish what a killed :func:`replace_dir` left: the old directory back if the new one never
-    arrived, else the rest of the old one removed."""
-    final, aside = Path(final), aside_path(final)
-    if not aside.exists():
-        return
-    if final.exists():
-        shutil.rmtree(aside)
-    else:
-        aside.rename(final)
-
-
-def resolve_path(path: str | os.PathLike, key: str) -> Path:
-    """``path`` made absolute with every link followed; a link loop (Python 3.11 raises
-    RuntimeError for one) is a ValueError naming the config ``key``."""
-    try:
-        return Path(path).resolve()
-    except (RuntimeError, OSError) as e:
-        raise ValueError(f"{key}={path}: cannot be resolved ({one_line(e)})") from None
-
-
-def check_regular(path: str | os.PathLike) -> None:
-    """Raise ValueError naming ``path`` when it is a FIFO, a device or a socket (through links):
-    reading one may wait forever for a writer or never end (``/dev/zero``), where a stop signal
-    that only sets a flag cannot end it.  A missing file or a directory is left to the read that
-    follows (its error names the file)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-        raise ValueError(f"{path}: {kind}, not a regular file; point it at the file itself")
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    check_regular(path)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
-def fsync_path(path: str | os.PathLike) -> None:
-    """Flush a written file, or a directory's entries, to the disk (a rename must not be able to
-    outlive what it renames)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

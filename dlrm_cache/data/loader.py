@@ -34,8 +34,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..parallel.owned import OwnedShards, rank_rows
 from ..parallel.placement import Shard
-from .format import LABEL, Manifest, open_parquet, read_errors
+from .format import LABEL, Manifest
 from .idrange import check_ids
+from .parquet import open_parquet, read_errors
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2

@@ -17,15 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .format import (
-    MANIFEST,
-    Manifest,
-    check_regular,
-    one_line,
-    read_parquet,
-    sha256_file,
-    write_parquet,
-)
+from .files import check_regular, one_line, sha256_file
+from .format import MANIFEST, Manifest
+from .parquet import read_parquet, write_parquet
 
 COUNTS = "stats/counts.parquet"
 SUMMARY = "stats/summary.json"

@@ -49,16 +49,8 @@ from ..config import config_dict
 from ..threads import Prefetcher
 from .config import SynthConfig
 from .criteo import DAY_FILE, day_file_name
-from .format import (
-    DENSE_NAMES,
-    KAGGLE_CARDINALITIES,
-    LABEL,
-    NUM_DENSE,
-    NUM_SPARSE,
-    SPARSE_NAMES,
-    atomic_file,
-    atomic_write_text,
-)
+from .files import atomic_file, atomic_write_text
+from .format import DENSE_NAMES, KAGGLE_CARDINALITIES, LABEL, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
 from .reuse import compare, remove_stale
 
 ORACLE = "oracle.json"

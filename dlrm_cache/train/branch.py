@@ -27,7 +27,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..data.format import atomic_file
+from ..data.files import atomic_file
 from ..layout import CKPT_META, SNAPSHOT
 from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
 from .checkpoint import step_dirs

@@ -15,7 +15,8 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..console import Progress
-from ..data.format import Manifest, one_line
+from ..data.files import one_line
+from ..data.format import Manifest
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape

@@ -7,7 +7,7 @@ file's size, the run's config and the identity of its dataset.  Tables are found
 checkpoint written by N ranks can be resumed by M ranks with any table placement.
 
 Crash safety: everything is written (and fsync'ed) into ``.step_<N>.tmp/``, which replaces
-``step_<N>/`` by :func:`~dlrm_cache.data.format.replace_dir`, so a kill at any point leaves every
+``step_<N>/`` by :func:`~dlrm_cache.data.files.replace_dir`, so a kill at any point leaves every
 earlier checkpoint complete; :func:`final_checkpoint` takes the newest complete one that the run's
 log records (a resume from an older checkpoint first sets the later ones aside: :mod:`.branch`).
 
@@ -31,8 +31,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from ..config import config_dict, flatten
-from ..data.format import (
-    Manifest,
+from ..data.files import (
     WriteError,
     atomic_write_text,
     check_regular,
@@ -41,6 +40,7 @@ from ..data.format import (
     recover_dir,
     replace_dir,
 )
+from ..data.format import Manifest
 from ..layout import CKPT_DENSE, CKPT_META
 from ..parallel.placement import parse_key
 from ..rundir import CKPT_DIR, recorded_checkpoints

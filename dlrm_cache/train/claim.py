@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.format import atomic_write_text
+from ..data.files import atomic_write_text
 from ..layout import SNAPSHOT
 from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
 

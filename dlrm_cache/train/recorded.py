@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from ..config import flatten
-from ..data.format import DENSE_NAMES, SPARSE_NAMES, one_line
+from ..data.files import one_line
+from ..data.format import DENSE_NAMES, SPARSE_NAMES
 from ..embedding.base import SparseOptim
 from ..model.dcn import cross_shape
 from ..model.dlrm import dense_shapes, dense_state_problem

@@ -18,8 +18,8 @@ from dlrm_cache.data.format import (
     SPARSE_NAMES,
     Manifest,
     SplitInfo,
-    write_parquet,
 )
+from dlrm_cache.data.parquet import write_parquet
 from dlrm_cache.train.guard import CHANCE, LossGuard
 
 SIZES = [20, 20]

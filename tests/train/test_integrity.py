@@ -28,7 +28,8 @@ from launching import TORCHRUN_2
 from test_train import SMALL
 from test_train import _params as params
 
-from dlrm_cache.data.format import Manifest, read_parquet, write_parquet
+from dlrm_cache.data.format import Manifest
+from dlrm_cache.data.parquet import read_parquet, write_parquet
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.verify"])

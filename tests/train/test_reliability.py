@@ -395,7 +395,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path
     assert code == 1
     last = err.strip().splitlines()[-1]
     assert last.startswith(
-        "dlrm_cache.data.format.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
+        "dlrm_cache.data.files.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
         "the earlier checkpoints are intact"
     ), last
     assert str(d / "checkpoints") in last

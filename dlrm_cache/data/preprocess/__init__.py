@@ -28,8 +28,9 @@ from typing import Any
 
 from ...outputs import DATASET, UnsafeOutput, check_output
 from ..config import PreprocessConfig
-from ..format import Manifest, resolve_path
-from ..format import write_shard as _write_shard  # shards are written through this name
+from ..files import resolve_path
+from ..format import Manifest
+from ..parquet import write_shard as _write_shard  # shards are written through this name
 from .build import build
 from .errors import PreprocessError
 from .output import SETTINGS, build_dir, check_replaceable, check_reuse, clean_stale, settings
@@ -92,7 +93,7 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
         manifest = build(cfg, files, file_splits, wanted, root, runner, _write)
         runner.gather(None)  # every rank's shards are in before rank 0 renames
         if runner.is_main:
-            from ..format import replace_dir
+            from ..files import replace_dir
 
             replace_dir(root, out)  # the old dataset stays complete until the new one is in
     except BaseException:

@@ -17,15 +17,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..format import (
-    NUM_SPARSE,
-    SCHEMA_VERSION,
-    SPARSE_NAMES,
-    SPLITS,
-    Manifest,
-    SplitInfo,
-    sha256_file,
-)
+from ..files import sha256_file
+from ..format import NUM_SPARSE, SCHEMA_VERSION, SPARSE_NAMES, SPLITS, Manifest, SplitInfo
 from ..stats import COUNTS, SUMMARY, format_summary, summarize, write_counts
 from . import count, encode, parse
 from .badlines import BadLineLog, why_no_training_lines

@@ -15,7 +15,8 @@ from typing import Any
 
 from ...config import config_dict
 from .. import criteo
-from ..format import MANIFEST, Manifest, recover_dir
+from ..files import recover_dir
+from ..format import MANIFEST, Manifest
 from ..reuse import compare, remove_stale
 from .errors import PreprocessError
 from .sources import fingerprint
