@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import criteo
+from .. import rawtext
 from .errors import PreprocessError
 
 _FINGERPRINT_BYTES = 1 << 20
@@ -43,7 +43,7 @@ def find_sources(inp: Path) -> list[Path]:
     days = sorted(
         (int(m.group(1)), p)
         for p in inp.iterdir()
-        if (m := criteo.DAY_FILE.match(p.name)) and p.is_file()
+        if (m := rawtext.DAY_FILE.match(p.name)) and p.is_file()
     )
     if days:
         return [p.resolve() for _, p in days]
@@ -106,7 +106,7 @@ def select_files(cfg: Any, inp: Path, sources: list[Path]) -> tuple[list[Path], 
 
 
 def _source_key(p: Path) -> tuple:
-    m = criteo.DAY_FILE.match(p.name)
+    m = rawtext.DAY_FILE.match(p.name)
     return (0, int(m.group(1)), str(p)) if m else (1, 0, str(p))
 
 
@@ -120,7 +120,7 @@ def plan_tasks(files: list[Path], chunk_bytes: int) -> list[Task]:
     tasks: list[Task] = []
     for i, p in enumerate(files):
         size = p.stat().st_size
-        if criteo.is_gzip(p) or size <= task_bytes:
+        if rawtext.is_gzip(p) or size <= task_bytes:
             tasks.append(Task(len(tasks), i, str(p), 0, None, size))
             continue
         for s in range(0, size, task_bytes):
