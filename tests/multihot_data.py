@@ -52,7 +52,7 @@ def write_multi_hot(
     for split, n in rows.items():
         dense = rng.exponential(1.0, (n, len(DENSE_NAMES))).astype(np.float32)
         cols = [_draw(rng, n, t, multi_hot.get(f)) for f, t in zip(names, sizes)]
-        z = dense @ w + 0.8 * sum(_mean_effect(e, *c) for e, c in zip(effects, cols)) - 0.5
+        z = (dense - 1) @ w + 0.8 * sum(_mean_effect(e, *c) for e, c in zip(effects, cols)) - 0.5
         labels = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.float32)
         raw[split] = [dense, labels, cols]
     stats = {}
