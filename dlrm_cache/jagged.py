@@ -6,23 +6,27 @@ A jagged column is ``(lengths [n], values)``: sample ``i``'s ids are ``values[o[
 batches (parallel/owned.py) both build their KJTs here, in one layout: feature-major values,
 ``int32`` lengths ``[F*b]``, offsets of the ids' dtype (as fbgemm wants), and the per-key lengths
 known on the host, so no consumer reads them back from a device.  A module of its own so both
-packages use it without importing each other.
+packages use it without importing each other; torch is imported only by the functions that build
+tensors (``synth`` uses the numpy ones, and a data command's start stays free of torch).
 """
 
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-TORCH_INT = {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}
+if TYPE_CHECKING:
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 def host(n: int, dtype: np.dtype, pin: bool) -> torch.Tensor:
     """An uninitialized host tensor of ``n`` integers of numpy ``dtype`` (pinned when ``pin``)."""
-    return torch.empty(n, dtype=TORCH_INT[np.dtype(dtype)], pin_memory=pin)
+    import torch
+
+    return torch.empty(n, dtype=getattr(torch, np.dtype(dtype).name), pin_memory=pin)
 
 
 def starts(lengths: np.ndarray) -> np.ndarray:
@@ -85,6 +89,8 @@ def wrap(
     counts: list[int],
 ) -> KeyedJaggedTensor:
     """The KJT of these tensors with the host-known per-key lengths ``counts``."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     return KeyedJaggedTensor(
         keys=keys,
         values=values,

@@ -20,6 +20,11 @@ class Split(Choice):
     day = "day"  # 1TB: by file
 
 
+class ListLengths(Choice):
+    fixed = "fixed"  # every present field holds exactly its size's ids (MLPerf's synthetic set)
+    uniform = "uniform"  # uniform on 1 .. 2*size-1 ids (mean: the size)
+
+
 class BadLines(Choice):
     skip = "skip"  # count per reason, report a few
     fail = "fail"  # stop at the first
@@ -70,6 +75,11 @@ class SynthConfig:
     logit_noise: float = checked(
         0.0, ge=0
     )  # std of per-line logit noise the features cannot explain
+    # Multi-hot features (data/synthlists.py): mean ids per sample of each of the 26 features
+    # (1: one-hot), or "mlperf" (MLPerf DLRM v2's sizes); empty: every feature one-hot.  A
+    # multi-hot field's ids are written hex, separated by "|"; a missing field is an empty list.
+    multi_hot_sizes: Any = field(default_factory=list)
+    multi_hot_lengths: ListLengths = ListLengths.fixed  # how many ids a present field holds
     gzip: bool = False  # write day_N.gz instead of plain text
     force: bool = False  # regenerate even if `output` already holds these exact files
     progress: bool = True  # tqdm progress bar
