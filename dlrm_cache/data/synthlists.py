@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..jagged import starts, take_lists
-from .format import MLPERF_MULTI_HOT_SIZES, NUM_SPARSE
+from .format import NUM_SPARSE
+from .multihot import parse_sizes
 
 # Separates the ids of a multi-hot field in raw text (the schema's parser reads the same).
 LIST_SEPARATOR = "|"
@@ -35,17 +36,7 @@ LIST_SEPARATOR = "|"
 
 def list_sizes(cfg: Any) -> list[int]:
     """Mean ids per sample of every feature (1: one-hot) from ``cfg.multi_hot_sizes``."""
-    sizes = cfg.multi_hot_sizes
-    if isinstance(sizes, str):
-        if sizes != "mlperf":
-            raise ValueError(
-                f"multi_hot_sizes={sizes!r}: the only preset is 'mlperf' (or give {NUM_SPARSE} ints)"
-            )
-        return list(MLPERF_MULTI_HOT_SIZES)
-    out = [int(s) for s in sizes]
-    if out and (len(out) != NUM_SPARSE or min(out) < 1):
-        raise ValueError(f"multi_hot_sizes: need {NUM_SPARSE} ints >= 1, got {out}")
-    return out or [1] * NUM_SPARSE
+    return parse_sizes(cfg.multi_hot_sizes, NUM_SPARSE)
 
 
 def draw_list(
