@@ -40,7 +40,12 @@ def take_lists(
     offsets: np.ndarray, values: np.ndarray, rows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lists ``rows`` (in that order) of the jagged column ``(offsets, values)``: their lengths
-    (int32) and their values, concatenated; one gather, no loop over rows."""
+    (int32) and their values, concatenated; one gather, no loop over rows (lists all of one
+    length, as in MLPerf's multi-hot set, are gathered as the rows of a matrix)."""
+    size = np.diff(offsets)
+    if len(size) and (size == size[0]).all():
+        block = values[offsets[0] : offsets[-1]].reshape(len(size), int(size[0]))
+        return np.full(len(rows), size[0], np.int32), block[rows].reshape(-1)
     lo = offsets[rows]
     lengths = (offsets[rows + 1] - lo).astype(np.int32)
     new = starts(lengths)
