@@ -130,3 +130,26 @@ def test_owned_shards_hold_their_ids_of_every_list(multi_hot_dataset: Path):
             moved = b.to(torch.device("cpu"), copy=True).sparse  # host-known metadata kept
             assert moved.length_per_key() == kjt.length_per_key()
             assert moved.values().data_ptr() != kjt.values().data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sharded", [False, True])
+def test_pinned_jagged_batches_move_to_the_gpu(multi_hot_dataset: Path, sharded: bool):
+    """Built in pinned memory, copied asynchronously, the per-key lengths still on the host."""
+    m = Manifest.load(multi_hot_dataset)
+    tables = [TableSpec(n, r, 8) for n, r in zip(m.sparse_names, m.table_sizes)]
+    shards = plan_placement(tables, 2, SparseOptim("sgd"), 1e12, shard_rows_above=50).shards
+    mine = [s for s in shards if s.rank == 0] if sharded else None  # row ranges among them
+    stream = ShardStream(
+        multi_hot_dataset, m, "train", 256, True, world_size=2, pin=True, shards=mine
+    )
+    batch = next(iter(stream.batches()))
+    kjt = batch.sparse
+    assert all(t.is_pinned() for t in (kjt.values(), kjt.lengths(), kjt.offsets(), batch.dense))
+    moved = batch.to(torch.device("cuda")).sparse
+    assert moved.length_per_key() == kjt.length_per_key() and moved.stride() == kjt.stride()
+    torch.cuda.synchronize()
+    for a, b in [(moved.values(), kjt.values()), (moved.lengths(), kjt.lengths())]:
+        assert a.is_cuda and torch.equal(a.cpu(), b)
+    assert moved.offsets().is_cuda and torch.equal(moved.offsets().cpu(), kjt.offsets())
