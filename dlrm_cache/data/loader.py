@@ -211,7 +211,11 @@ class ShardStream:
         self.one_id = OneIdPerSample(self.keys)
         self.jagged = JaggedLayout(self.keys)
         self.owned = None if shards is None else OwnedShards(self.keys, shards)
-        self.layout: SparseLayout = self.one_id if self.owned is None else self.owned
+        self.layout: SparseLayout = (
+            self.owned
+            if self.owned is not None
+            else (self.jagged if self.multi_hot else self.one_id)
+        )  # how this stream's batches travel
         self.id_dtype = (
             torch.int32 if max(self.table_sizes) <= np.iinfo(np.int32).max else torch.int64
         )
