@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from test_integrity import cli  # noqa: E402
@@ -17,6 +18,7 @@ from test_integrity import cli  # noqa: E402
 from dlrm_cache.data.format import Manifest  # noqa: E402
 from dlrm_cache.data.loader import ShardStream  # noqa: E402
 from dlrm_cache.data.parquet import read_parquet, write_shard  # noqa: E402
+from dlrm_cache.verify import VerifyConfig, verify  # noqa: E402
 
 
 def _set_column(ds: Path, rel: str, name: str, make: Callable[[pa.ChunkedArray, int], pa.Array]):
@@ -54,7 +56,7 @@ def test_list_columns_are_checked_element_by_element(
 ):
     ds = tmp_path / "ds"
     shutil.copytree(multi_hot_dataset, ds)
-    assert cli("verify", str(ds), cwd=tmp_path)[0] == 0
+    verify(OmegaConf.structured(VerifyConfig(data_path=str(ds), progress=False)))  # clean before
     make, says = DEFECTS[defect]
     rel = Manifest.load(ds).splits["val"].shards[1]
     _set_column(ds, rel, "C4", make)
