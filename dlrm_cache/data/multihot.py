@@ -126,7 +126,9 @@ def _count_shard(
     return out
 
 
-def rerank(ids: np.ndarray, counts: np.ndarray, n: int, min_count: int):
+def rerank(
+    ids: np.ndarray, counts: np.ndarray, n: int, min_count: int
+) -> tuple[FeatureStats, np.ndarray]:
     """The new table of a feature whose input had ``n`` rows, from the training counts of its
     ids: (FeatureStats, new row of every input row).  The input's rare row ``n - 1`` stays the
     rare row (so does any id below ``min_count``); ids never counted go there too."""
