@@ -44,7 +44,8 @@ def check_shard(root: Path, rel: str, rows: int, manifest: Manifest) -> int:
     manifest.check_shard(root, rel, rows)  # train's and predict's footer check
     path = root / rel
     table = read_parquet(path)  # every page verified
-    check_ids(table, path, manifest.sparse_names, manifest.table_sizes)  # as the loader does
+    # as the loader does (a multi-hot column: every element of every list)
+    check_ids(table, path, manifest.sparse_names, manifest.table_sizes, manifest.multi_hot)
     labels = table.column(LABEL).to_numpy()
     if not np.isin(labels, (0.0, 1.0)).all():
         raise ValueError(f"{path}: column {LABEL} holds values other than 0 and 1")

@@ -114,3 +114,13 @@ def processed_synth(tmp_path_factory) -> Path:
         )
     )
     return root / "processed"
+
+
+@pytest.fixture(scope="session")
+def multi_hot_dataset(tmp_path_factory) -> Path:
+    """A small processed multi-hot dataset (tests/multihot_data.py), written once, read only."""
+    from multihot_data import write_multi_hot
+
+    root = tmp_path_factory.mktemp("multihot") / "ds"
+    write_multi_hot(root, {"train": 3000, "val": 1000, "test": 500})
+    return root

@@ -20,6 +20,16 @@ class Split(Choice):
     day = "day"  # 1TB: by file
 
 
+class ListLengths(Choice):
+    fixed = "fixed"  # every present field holds exactly its size's ids (MLPerf's synthetic set)
+    uniform = "uniform"  # uniform on 1 .. 2*size-1 ids (mean: the size)
+
+
+class MultiHotDistribution(Choice):
+    uniform = "uniform"  # MLPerf's: extra ids uniform over the table
+    pareto = "pareto"  # MLPerf's: Pareto(a=0.25) offsets, modulo the table size
+
+
 class BadLines(Choice):
     skip = "skip"  # count per reason, report a few
     fail = "fail"  # stop at the first
@@ -70,6 +80,11 @@ class SynthConfig:
     logit_noise: float = checked(
         0.0, ge=0
     )  # std of per-line logit noise the features cannot explain
+    # Multi-hot features (data/synthlists.py): mean ids per sample of each of the 26 features
+    # (1: one-hot), or "mlperf" (MLPerf DLRM v2's sizes); empty: every feature one-hot.  A
+    # multi-hot field's ids are written hex, separated by "|"; a missing field is an empty list.
+    multi_hot_sizes: Any = field(default_factory=list)
+    multi_hot_lengths: ListLengths = ListLengths.fixed  # how many ids a present field holds
     gzip: bool = False  # write day_N.gz instead of plain text
     force: bool = False  # regenerate even if `output` already holds these exact files
     progress: bool = True  # tqdm progress bar
@@ -118,3 +133,9 @@ class PreprocessConfig:
     )  # unused: every line is parsed once, pass 2 reads pass 1's columns
     overwrite: bool = False  # rebuild even if `output` already holds a dataset
     progress: bool = True  # tqdm progress bars
+    # MLPerf DLRM v2's synthetic multi-hot set (data/multihot.py): with `input` a processed
+    # one-hot dataset, ids per sample of each feature ("mlperf": MLPerf's 26 sizes, or one int
+    # >= 1 per feature); each one-hot id x becomes [x, *T[x]] with MLPerf's lookup tables T.
+    multi_hot_sizes: Any = field(default_factory=list)
+    multi_hot_distribution: MultiHotDistribution = MultiHotDistribution.uniform  # T's ids
+    multi_hot_seed: int = checked(0, ge=0)  # seeds T as MLPerf's np.random.seed (0 in MLPerf)

@@ -288,7 +288,9 @@ class Manifest:
             raise ValueError(
                 f"{path}: unreadable shard ({one_line(e)}); preprocess the data again"
             ) from None
-        missing = {LABEL, *self.dense_names, *self.sparse_names} - set(meta.schema.names)
+        # the arrow schema's names: a list column's parquet leaf is named 'element'
+        columns = meta.schema.to_arrow_schema().names
+        missing = {LABEL, *self.dense_names, *self.sparse_names} - set(columns)
         if meta.num_rows != rows or missing:
             found = f"{meta.num_rows} rows" if not missing else f"no column {sorted(missing)[0]}"
             raise ValueError(

@@ -12,6 +12,10 @@ column over the whole shard (a column of 250k ids stays in cache, per-batch gath
 and a batch is then one copy per tensor of contiguous column slices, written straight into pinned
 memory when the batches go to a GPU.  Every sample has exactly one id per feature, so the KJT's
 lengths and offsets depend only on the batch size: :class:`OneIdPerSample` builds them once.
+A multi-hot dataset (``Manifest.multi_hot``) keeps every feature as a jagged column instead
+(:mod:`.lists`; a one-hot feature's lists have length 1): a batch's KJT has int32 lengths
+``[F*b]``, offsets of the ids' dtype and its per-key lengths known on the host
+(:class:`~dlrm_cache.jagged.JaggedLayout` moves it), built with numpy, no loop per sample.
 
 Under sharded embeddings (torchrun, parallel/sharded.py) a rank's batch holds its rows' dense
 features and labels, but its own shards' ids over the *whole* global batch (every rank decodes the
@@ -32,10 +36,12 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..jagged import JaggedLayout, assemble
 from ..parallel.owned import OwnedShards, rank_rows
 from ..parallel.placement import Shard
 from .format import LABEL, Manifest
 from .idrange import check_ids
+from .lists import Lists, concat_columns, read_lists
 from .parquet import open_parquet, read_errors
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
@@ -56,8 +62,9 @@ class SparseLayout(Protocol):
 @dataclass
 class Batch:
     dense: torch.Tensor  # [b, 13] float32: this rank's rows
-    # 26 features, one id per sample for this rank's rows (int32 ids unless a table needs int64);
-    # under sharded embeddings: this rank's shards over the whole global batch (OwnedShards)
+    # every feature's ids of this rank's rows (int32 ids unless a table needs int64): one per
+    # sample, or lists in a multi-hot dataset; under sharded embeddings: this rank's shards over
+    # the whole global batch (OwnedShards)
     sparse: KeyedJaggedTensor
     labels: torch.Tensor  # [b] float32
     analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
@@ -143,14 +150,17 @@ class _Columns:
 
     labels: np.ndarray  # [n] float32
     dense: np.ndarray  # [num_dense, n] float32
-    ids: np.ndarray  # [num_sparse, n] int32 (int64 if a table has more rows than int32 holds)
+    # [num_sparse, n] int32 (int64 if a table has more rows than int32 holds); a multi-hot
+    # dataset's: jagged columns of that dtype
+    ids: np.ndarray | Lists
     shard: str = ""  # the shard they came from (its path in the dataset)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def rows(self, lo: int, hi: int) -> _Columns:
-        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], self.ids[:, lo:hi], self.shard)
+        ids = self.ids.rows(lo, hi) if isinstance(self.ids, Lists) else self.ids[:, lo:hi]
+        return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], ids, self.shard)
 
 
 class ShardStream:
@@ -197,12 +207,19 @@ class ShardStream:
         self.pin = pin  # batches in pinned memory (a GPU copies them asynchronously)
         self.keys = list(manifest.sparse_names)
         self.dense_names = list(manifest.dense_names)
+        self.multi_hot = list(manifest.multi_hot)  # empty: one id per sample, the fast path
         self.one_id = OneIdPerSample(self.keys)
+        self.jagged = JaggedLayout(self.keys)
         self.owned = None if shards is None else OwnedShards(self.keys, shards)
-        self.layout: SparseLayout = self.one_id if self.owned is None else self.owned
+        self.layout: SparseLayout = (
+            self.owned
+            if self.owned is not None
+            else (self.jagged if self.multi_hot else self.one_id)
+        )  # how this stream's batches travel
         self.id_dtype = (
             torch.int32 if max(self.table_sizes) <= np.iinfo(np.int32).max else torch.int64
         )
+        self.np_ids = np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64)
 
     def __len__(self) -> int:
         """Global batches per epoch."""
@@ -244,8 +261,12 @@ class ShardStream:
                     )  # a whole column stays in cache; per batch it would not
             return out
 
-        check_ids(table, path, self.keys, self.table_sizes)
-        ids = gather(self.keys, np.dtype(np.int32 if self.id_dtype == torch.int32 else np.int64))
+        check_ids(table, path, self.keys, self.table_sizes, self.multi_hot)
+        ids: np.ndarray | Lists
+        if self.multi_hot:
+            ids = read_lists(table, self.keys, set(self.multi_hot), perm, self.np_ids)
+        else:
+            ids = gather(self.keys, self.np_ids)
         dense = gather(self.dense_names, np.dtype(np.float32))
         labels = gather([LABEL], np.dtype(np.float32))[0]
         return _Columns(labels, dense, ids, self.info.shards[idx]).rows(skip, n)
@@ -312,15 +333,38 @@ class ShardStream:
             np.copyto(dense.numpy()[at : at + k], p.dense.T)
             np.copyto(labels.numpy()[at : at + k], p.labels)
             at += k
+        if self.multi_hot:
+            return self._jagged(dense, labels, pieces, mine)
         if self.owned is not None:
-            sparse = self.owned.kjt([p.ids for p in pieces], self.pin)
+            sparse = self.owned.kjt([p.ids for p in pieces], self.pin)  # type: ignore[misc]
             return Batch(dense, sparse, labels, layout=self.owned)
         ids = torch.empty((len(self.keys), b), dtype=self.id_dtype, pin_memory=self.pin)
         at = 0
         for p in mine:
-            np.copyto(ids.numpy()[:, at : at + len(p)], p.ids)
+            np.copyto(ids.numpy()[:, at : at + len(p)], p.ids)  # type: ignore[arg-type]
             at += len(p)
         return self.one_id.batch(dense, ids, labels)
+
+    def _jagged(
+        self,
+        dense: torch.Tensor,
+        labels: torch.Tensor,
+        pieces: list[_Columns],
+        mine: list[_Columns],
+    ) -> Batch:
+        """A multi-hot dataset's batch: the lists of this rank's rows ``mine`` (or, under sharded
+        embeddings, of its shards over the global batch's ``pieces``) as one jagged KJT."""
+        rows = pieces if self.owned is not None else mine
+        columns = concat_columns(
+            [p.ids for p in rows],  # type: ignore[misc]  # Lists in a multi-hot dataset
+            len(self.keys),
+            self.np_ids,
+        )
+        if self.owned is not None:
+            sparse = self.owned.kjt_lists(columns, self.np_ids, self.pin)
+            return Batch(dense, sparse, labels, layout=self.owned)
+        kjt = assemble(self.keys, columns, labels.numel(), self.np_ids, self.pin)
+        return Batch(dense, kjt, labels, layout=self.jagged)
 
 
 def _sourced(

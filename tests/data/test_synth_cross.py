@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_cache.data.config import SynthConfig
-from dlrm_cache.data.synth import _pair_effect, synth
+from dlrm_cache.data.synth import synth
+from dlrm_cache.data.synthmodel import pair_effect
 
 SMALL = {"lines": 3000, "cardinality_scale": 0.001, "progress": False, "seed": 5}
 # day_0 of SMALL as the generator wrote it before the cross existed (GENERATOR_VERSION 1)
@@ -39,9 +40,9 @@ def test_cross_changes_labels_only_and_is_recorded(tmp_path: Path):
 
 def test_pair_effect_is_a_standard_cross_of_both_ids():
     a, b = np.meshgrid(np.arange(300), np.arange(300), indexing="ij")
-    c = _pair_effect(a.ravel(), b.ravel(), 7).reshape(300, 300)
+    c = pair_effect(a.ravel(), b.ravel(), 7).reshape(300, 300)
     assert abs(c.mean()) < 0.01 and abs(c.std() - 1) < 0.01 and np.abs(c).max() <= 3**0.5
     # not a sum of per-id effects: the double-centred table keeps (nearly) all its variance
     centred = c - c.mean(0) - c.mean(1)[:, None] + c.mean()
     assert centred.var() > 0.98 * c.var()
-    assert not np.array_equal(c, _pair_effect(a.ravel(), b.ravel(), 8).reshape(300, 300))
+    assert not np.array_equal(c, pair_effect(a.ravel(), b.ravel(), 8).reshape(300, 300))

@@ -29,7 +29,7 @@ from typing import Any
 from ...outputs import DATASET, UnsafeOutput, check_output
 from ..config import PreprocessConfig
 from ..files import resolve_path
-from ..format import Manifest
+from ..format import MANIFEST, Manifest
 from ..parquet import write_shard as _write_shard  # shards are written through this name
 from .build import build
 from .errors import PreprocessError
@@ -62,6 +62,10 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
 
 
 def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
+    if cfg.multi_hot_sizes or (inp / MANIFEST).is_file():  # a processed dataset in: MLPerf's
+        from ..multihot import materialize  # multi-hot version of it (data/multihot.py)
+
+        return materialize(cfg, inp, out, runner)
     t0 = time.perf_counter()
     sources = find_sources(inp)
     try:  # the rule every command's output follows (the output may be a dataset: it makes them)

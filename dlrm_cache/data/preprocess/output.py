@@ -37,6 +37,10 @@ _NOT_OUTPUT_KEYS = frozenset(
         "overwrite",
         "progress",
         "workers",
+        # a raw-text build refuses them; the multi-hot materialization records its own settings
+        "multi_hot_sizes",
+        "multi_hot_distribution",
+        "multi_hot_seed",
     }
 )
 
