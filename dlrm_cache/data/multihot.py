@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .files import one_line, replace_dir, sha256_file
+from .files import one_line, sha256_file
 from .format import MANIFEST, MLPERF_MULTI_HOT_SIZES, Manifest
 from .idrange import check_ids
 from .parquet import read_parquet, write_shard
@@ -168,7 +168,7 @@ def materialize(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     preprocess's guarantees: a temporary sibling directory renamed into place, manifest last, an
     up-to-date output reused, another one replaced only with ``overwrite``."""
     from ..outputs import DATASET, UnsafeOutput, check_output
-    from .preprocess.output import build_dir
+    from .preprocess.output import build_dir, publish
 
     source, sizes = _source(cfg, inp)
     try:
@@ -191,16 +191,14 @@ def materialize(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
             print(f"preprocess: up to date, reusing {out}")
         return reused
     assert root is not None
-    try:
+
+    def make() -> Manifest:
         manifest, stats = build(cfg, inp, source, sizes, root, runner)
         if runner.is_main:
             finish(root, manifest, stats, wanted)
-            replace_dir(root, out)  # the old dataset stays complete until the new one is in
-    except BaseException:
-        if runner.is_main:
-            runner.close(failed=True)
-            shutil.rmtree(root, ignore_errors=True)
-        raise
+        return manifest
+
+    manifest = publish(root, out, runner, make)
     if runner.is_main:
         print(f"preprocess: multi-hot {manifest.multi_hot} ({sizes}) -> {out}")
     return manifest

@@ -21,7 +21,6 @@ value stays :data:`..format.MISSING_ID`, its own row, so a table has at most m +
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,15 @@ from ..format import MANIFEST, Manifest
 from ..parquet import write_shard as _write_shard  # shards are written through this name
 from .build import build
 from .errors import PreprocessError
-from .output import SETTINGS, build_dir, check_replaceable, check_reuse, clean_stale, settings
+from .output import (
+    SETTINGS,
+    build_dir,
+    check_replaceable,
+    check_reuse,
+    clean_stale,
+    publish,
+    settings,
+)
 from .sources import find_sources, select_files
 from .workers import Runner, available_cores
 
@@ -93,18 +100,9 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
         if runner.is_main:
             print(f"preprocess: up to date, reusing {out}")
         return reused
-    try:
-        manifest = build(cfg, files, file_splits, wanted, root, runner, _write)
-        runner.gather(None)  # every rank's shards are in before rank 0 renames
-        if runner.is_main:
-            from ..files import replace_dir
-
-            replace_dir(root, out)  # the old dataset stays complete until the new one is in
-    except BaseException:
-        if runner.is_main:
-            runner.close(failed=True)
-            shutil.rmtree(root, ignore_errors=True)
-        raise
+    manifest = publish(
+        root, out, runner, lambda: build(cfg, files, file_splits, wanted, root, runner, _write)
+    )
     dt = time.perf_counter() - t0
     lines = sum(s.rows for s in manifest.splits.values()) + sum(manifest.bad_lines.values())
     if runner.is_main:

@@ -10,8 +10,10 @@ and last MiB of each file) and settings match, else the run stops unless ``overw
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config import config_dict
 from .. import criteo
@@ -20,6 +22,9 @@ from ..format import MANIFEST, Manifest
 from ..reuse import compare, remove_stale
 from .errors import PreprocessError
 from .sources import fingerprint
+
+if TYPE_CHECKING:
+    from .workers import Runner
 
 SETTINGS = "preprocess.json"  # inputs + settings of the build, compared on re-runs
 _OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS}
@@ -99,3 +104,23 @@ def check_replaceable(out: Path) -> None:
             f"({', '.join(sorted(foreign)[:3])}); "
             "choose another output"
         )
+
+
+def publish(root: Path, out: Path, runner: Runner, make: Callable[[], Manifest]) -> Manifest:
+    """``make()`` builds a dataset in ``root`` on every rank, and rank 0 renames it to ``out`` once
+    every rank's part is in: the old dataset stays complete until the new one is in
+    (:func:`..files.replace_dir`).  On any failure the workers are stopped first (nothing keeps
+    writing into it) and ``root`` is removed."""
+    from ..files import replace_dir
+
+    try:
+        manifest = make()
+        runner.gather(None)  # every rank's shards are in before rank 0 renames
+        if runner.is_main:
+            replace_dir(root, out)
+    except BaseException:
+        if runner.is_main:
+            runner.close(failed=True)
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    return manifest
