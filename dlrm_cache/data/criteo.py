@@ -67,7 +67,7 @@ MAX_LINE_BYTES = (
 # Criteo 1TB's file names: day_0 ... day_23, plain or gzip (read in numeric order).
 DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
 _LINE_BYTES = b"0123456789abcdefABCDEF-\t\n"  # every byte of a valid line (after CRLF -> LF)
 _CORRUPT_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
@@ -119,6 +119,9 @@ class Parsed:
     bad_lines: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # 0-based
     bad_reasons: list[str] = field(default_factory=list)  # reason of each bad line
     bad_details: list[str] = field(default_factory=list)  # e.g. "I3='x7'"
+    # multi-hot features (index in the schema's sparse order): (values int64, offsets (n+1,)
+    # int64 from 0); their rows of ``ids`` are unused
+    lists: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------- reading
@@ -237,7 +240,7 @@ def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
 
 
 # --------------------------------------------------------------------------------------- parsing
-def _normalize_line_ends(data: bytes) -> bytes:
+def normalize_line_ends(data: bytes) -> bytes:
     """CRLF -> LF; a final lone CR ends the last line; other CRs become NUL (an invalid byte)."""
     if b"\r" not in data:
         return data
@@ -326,7 +329,7 @@ def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
     return arr[keep].tobytes(), _Shape(lines, reasons, details)
 
 
-def _binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A binary column's raw buffers without copies: (offsets [n+1], data bytes, lengths [n])."""
     offsets = np.frombuffer(
         col.buffers()[1], dtype=np.int32, count=len(col) + 1, offset=4 * col.offset
@@ -341,7 +344,7 @@ def _binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Binary column -> (int64 ids, bad mask).  Empty/null -> MISSING_ID; not 1-8 hex digits -> bad."""
     n = len(col)
-    offsets, data, lens = _binary_buffers(col)
+    offsets, data, lens = binary_buffers(col)
     ids = np.full(n, MISSING_ID, dtype=np.int64)
     bad = lens > 8
     present = (lens > 0) & ~bad
@@ -372,7 +375,7 @@ def _int_ok(col: pa.Array) -> np.ndarray:
     """Per value of a binary column: empty/null, or an optional ``-`` and digits that fit in int64.
     On the raw bytes with numpy (pyarrow's regex kernel costs ~10x more)."""
     n = len(col)
-    offsets, data, lens = _binary_buffers(col)
+    offsets, data, lens = binary_buffers(col)
     first = offsets[0]
     not_digit = np.concatenate(
         ([0], np.cumsum(_NOT_DIGIT[data[first : offsets[-1]]], dtype=np.int64))
@@ -440,11 +443,11 @@ def parse_block(
     (default: ``first_line == 0``), where a byte order mark is dropped."""
     if at_file_start is None:
         at_file_start = first_line == 0
-    if data.startswith(_BOM):
+    if data.startswith(BOM):
         # A file's byte order mark is dropped.  Elsewhere it is data, but pyarrow would drop it at
         # the start of any block: its first byte is made NUL, which fails the same checks.
-        data = data[len(_BOM) :] if at_file_start else b"\0" + data[1:]
-    data = _normalize_line_ends(data)
+        data = data[len(BOM) :] if at_file_start else b"\0" + data[1:]
+    data = normalize_line_ends(data)
     if num_lines is None:
         num_lines = data.count(b"\n") + (not data.endswith(b"\n"))
     table, typed = None, False

@@ -31,8 +31,10 @@ from ..config import PreprocessConfig
 from ..files import resolve_path
 from ..format import Manifest
 from ..parquet import write_shard as _write_shard  # shards are written through this name
+from ..schema import Schema, SchemaError, resolve
 from .build import build
 from .errors import PreprocessError
+from .header import read_header
 from .output import SETTINGS, build_dir, check_replaceable, check_reuse, clean_stale, settings
 from .sources import find_sources, select_files
 from .workers import Runner, available_cores
@@ -61,15 +63,27 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
         runner.close(failed)
 
 
+def _schema(cfg: Any) -> Schema:
+    """The resolved schema of ``cfg`` (Criteo's when it has none)."""
+    node = getattr(cfg, "schema", None)
+    try:
+        return Schema() if node is None else resolve(node, int(cfg.hash_modulus))
+    except SchemaError as e:
+        raise PreprocessError(str(e)) from None
+
+
 def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     t0 = time.perf_counter()
-    sources = find_sources(inp)
+    schema = _schema(cfg)
+    sources = find_sources(inp, ".parquet" if schema.format == "parquet" else "")
     try:  # the rule every command's output follows (the output may be a dataset: it makes them)
         check_output(out, "output", [("input", p) for p in [inp, *sources]], makes=DATASET)
     except UnsafeOutput as e:
         raise PreprocessError(str(e)) from None
     files, file_splits = select_files(cfg, inp, sources)
-    wanted = settings(cfg, files)
+    if schema.header:
+        schema.columns = read_header(files, schema)
+    wanted = settings(cfg, files, schema)
     reused, root = None, None
     if runner.is_main:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +104,7 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
             print(f"preprocess: up to date, reusing {out}")
         return reused
     try:
-        manifest = build(cfg, files, file_splits, wanted, root, runner, _write)
+        manifest = build(cfg, files, file_splits, wanted, root, runner, _write, schema)
         runner.gather(None)  # every rank's shards are in before rank 0 renames
         if runner.is_main:
             from ..files import replace_dir

@@ -32,8 +32,9 @@ class Task:
     size: int  # bytes of the file this task covers (for the progress bar)
 
 
-def find_sources(inp: Path) -> list[Path]:
-    """A file, or a directory's day_N[.gz] files in numeric order (else its train.txt[.gz])."""
+def find_sources(inp: Path, suffix: str = "") -> list[Path]:
+    """A file, or a directory's day_N[.gz] files in numeric order (else its train.txt[.gz]; with
+    ``suffix``, e.g. ".parquet", its files with that suffix in name order)."""
     if inp.is_file():
         return [inp.resolve()]
     if not inp.exists():
@@ -47,10 +48,14 @@ def find_sources(inp: Path) -> list[Path]:
     )
     if days:
         return [p.resolve() for _, p in days]
+    named = sorted(p for p in inp.iterdir() if suffix and p.name.endswith(suffix) and p.is_file())
+    if named:
+        return [p.resolve() for p in named]
     for name in ("train.txt", "train.txt.gz"):
         if (inp / name).is_file():
             return [(inp / name).resolve()]
-    raise PreprocessError(f"input {inp}: no day_N[.gz] or train.txt[.gz] files in it")
+    also = f" or *{suffix}" if suffix else ""
+    raise PreprocessError(f"input {inp}: no day_N[.gz]{also} or train.txt[.gz] files in it")
 
 
 def fingerprint(path: Path) -> dict[str, Any]:
@@ -113,14 +118,14 @@ def _source_key(p: Path) -> tuple:
 MIN_TASK_BYTES = 64 << 10  # a task's fixed costs (a job, its files) stay small next to parsing
 
 
-def plan_tasks(files: list[Path], chunk_bytes: int) -> list[Task]:
+def plan_tasks(files: list[Path], chunk_bytes: int, whole: bool = False) -> list[Task]:
     """The read order cut into tasks: byte ranges of max(chunk_bytes, MIN_TASK_BYTES) of plain
-    files, whole gzip files."""
+    files, whole gzip files (``whole``: every file whole, e.g. parquet)."""
     task_bytes = max(chunk_bytes, MIN_TASK_BYTES)
     tasks: list[Task] = []
     for i, p in enumerate(files):
         size = p.stat().st_size
-        if criteo.is_gzip(p) or size <= task_bytes:
+        if whole or criteo.is_gzip(p) or size <= task_bytes:
             tasks.append(Task(len(tasks), i, str(p), 0, None, size))
             continue
         for s in range(0, size, task_bytes):

@@ -1,0 +1,41 @@
+"""The header line of text inputs (``schema.header: true``): the file's column names, in order.
+
+Every input file must start with the same header, naming every column the schema uses (extra
+columns are read and ignored); otherwise the run stops before parsing, naming the file.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from .. import criteo
+from ..schema import Schema
+from .errors import PreprocessError
+
+
+def read_header(files: list[Path], s: Schema) -> list[str]:
+    """The columns named by every file's first line (the same in all of them)."""
+    columns: list[str] | None = None
+    for path in files:
+        got = _first_line(path, s.delimiter)
+        if columns is None:
+            columns = got
+            missing = [n for n in [s.label, *s.dense, *s.sparse] if n not in got]
+            if missing:
+                raise PreprocessError(f"{path}:1: the header has no column {missing[0]!r}")
+        elif got != columns:
+            raise PreprocessError(f"{path}:1: header differs from {files[0]}'s")
+    return columns or []
+
+
+def _first_line(path: Path, delimiter: str) -> list[str]:
+    reader, raw = criteo.open_raw(path)
+    with raw, reader:
+        line = reader.readline(criteo.MAX_LINE_BYTES + 2)
+    if line.startswith(criteo.BOM):
+        line = line[len(criteo.BOM) :]
+    text = line.rstrip(b"\r\n").decode("utf-8", "replace")
+    if not text:
+        raise PreprocessError(f"{path}:1: empty header line")
+    return next(csv.reader([text], delimiter=delimiter))
