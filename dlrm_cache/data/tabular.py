@@ -69,7 +69,10 @@ def parse_text(data: bytes, first_line: int, at_file_start: bool, s: Schema) -> 
     if table.num_rows != len(rows.reason):
         raise RuntimeError(f"internal: {table.num_rows} rows from {len(rows.reason)} lines")
     shaped = rows.reason >= 0
-    label = _text_label(table.column(s.label).combine_chunks(), s.label, rows, shaped | skip)
+    if s.label in columns:
+        label = _text_label(table.column(s.label).combine_chunks(), s.label, rows, shaped | skip)
+    else:  # unlabelled input (predict): every label 0
+        label = np.zeros(table.num_rows, dtype=np.float32)
     return _finish(table, label, rows, skip, first_line, s, _text_dense, _text_sparse)
 
 
@@ -230,6 +233,12 @@ def take_lists(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
     return values[idx], np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
 
 
+def standardized(x: np.ndarray, moments: list[float]) -> np.ndarray:
+    """A ``standardize`` column's (x - mean) / std (in float64, then float32)."""
+    mean, std = moments
+    return ((x.astype(np.float64) - mean) / std).astype(np.float32)
+
+
 def transformed(x: np.ndarray, transform: str) -> np.ndarray:
     """float64 values -> float32 after ``log1p`` or ``none`` (``standardize``: the raw value;
     the encoder applies it once the training split's moments are known)."""
@@ -239,10 +248,15 @@ def transformed(x: np.ndarray, transform: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------ parquet
-def iter_parquet(path: str | Path, rows: int, s: Schema) -> Iterator[tuple[pa.Table, int]]:
-    """(batch of at most ``rows`` rows, its first row index) of the schema's columns."""
+def iter_parquet(
+    path: str | Path, rows: int, s: Schema, unlabelled_ok: bool = False
+) -> Iterator[tuple[pa.Table, int]]:
+    """(batch of at most ``rows`` rows, its first row index) of the schema's columns
+    (``unlabelled_ok``: the label column may be absent, for predict)."""
     f = pq.ParquetFile(path)
     names = [s.label, *s.dense, *s.sparse]
+    if s.label not in f.schema_arrow.names and unlabelled_ok:
+        names = names[1:]
     missing = [n for n in names if n not in f.schema_arrow.names]
     if missing:
         raise criteo.InputError(f"{path}: no column {missing[0]!r}")
@@ -255,11 +269,14 @@ def iter_parquet(path: str | Path, rows: int, s: Schema) -> Iterator[tuple[pa.Ta
 def parse_parquet(table: pa.Table, first_row: int, s: Schema) -> criteo.Parsed:
     """Parse a parquet batch under schema ``s`` (rows numbered like lines)."""
     rows = _Rows(table.num_rows)
+    skip = np.zeros(table.num_rows, dtype=bool)
+    if s.label not in table.column_names:  # unlabelled input (predict): every label 0
+        zeros = np.zeros(table.num_rows, dtype=np.float32)
+        return _finish(table, zeros, rows, skip, first_row, s, _pq_dense, _pq_sparse)
     col = _plain(table.column(s.label).combine_chunks())
     y = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
     ok = ~np.isnan(y) & ((y == 0) | (y == 1))
     rows.fail(~ok, criteo.BAD_LABEL, lambda r: f"{s.label}={col[r].as_py()!r}")
-    skip = np.zeros(table.num_rows, dtype=bool)
     label = np.where(ok, y, 0).astype(np.float32)
     return _finish(table, label, rows, skip, first_row, s, _pq_dense, _pq_sparse)
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ..format import LABEL, SPLITS
 from ..schema import Schema
+from ..tabular import standardized
 from .count import list_values
 from .idtable import IdTable
 from .parse import load_column
@@ -120,5 +121,4 @@ class Encoder:
         """A ``standardize`` column's (x - mean) / std (float64, then float32); others as parsed."""
         if name not in self.schema.moments:
             return x
-        mean, std = self.schema.moments[name]
-        return ((x.astype(np.float64) - mean) / std).astype(np.float32)
+        return standardized(x, self.schema.moments[name])

@@ -18,7 +18,7 @@ def read_header(files: list[Path], s: Schema) -> list[str]:
     """The columns named by every file's first line (the same in all of them)."""
     columns: list[str] | None = None
     for path in files:
-        got = _first_line(path, s.delimiter)
+        got = first_fields(path, s.delimiter)
         if columns is None:
             columns = got
             missing = [n for n in [s.label, *s.dense, *s.sparse] if n not in got]
@@ -29,7 +29,8 @@ def read_header(files: list[Path], s: Schema) -> list[str]:
     return columns or []
 
 
-def _first_line(path: Path, delimiter: str) -> list[str]:
+def first_fields(path: Path, delimiter: str) -> list[str]:
+    """The fields of a text file's first line (a byte order mark dropped; quotes as CSV's)."""
     reader, raw = criteo.open_raw(path)
     with raw, reader:
         line = reader.readline(criteo.MAX_LINE_BYTES + 2)
@@ -37,5 +38,5 @@ def _first_line(path: Path, delimiter: str) -> list[str]:
         line = line[len(criteo.BOM) :]
     text = line.rstrip(b"\r\n").decode("utf-8", "replace")
     if not text:
-        raise PreprocessError(f"{path}:1: empty header line")
+        raise criteo.InputError(f"{path}:1: empty first line")
     return next(csv.reader([text], delimiter=delimiter))
