@@ -22,6 +22,7 @@ import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.config import DenseColumn, SchemaConfig, SparseColumn
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.schema import LIST_SEPARATOR, Schema
+from dlrm_cache.data.stats import load_feature_stats
 
 from refdata import pp_config
 
@@ -219,3 +220,52 @@ def test_parquet_lists_and_integer_ids(tmp_path: Path) -> None:
         dict((v, r) for r, (v, _) in enumerate(order))[i] for i in items[: len(got["item"])]
     ]
     assert m.table_sizes[2] == sizes["tags"]
+
+
+def _criteo_line(label: str, c3: str, c5: str, k: int) -> str:
+    dense = [str(k % 7)] * 13
+    sparse = [f"{(k * 31 + j) % 5:x}" for j in range(26)]
+    sparse[2], sparse[4] = c3, c5
+    return "\t".join([label, *dense, *sparse])
+
+
+def test_criteo_layout_multi_hot_fields(tmp_path: Path) -> None:
+    """Criteo text whose C3 and C5 hold |-separated hex ids (synth's multi-hot syntax): every
+    element is counted, the shards hold the lists, an empty field is an empty list."""
+    c3 = ["a1|ff|1", "", "ff", "1|1", "a1"] * 20
+    c5 = ["7", "7|8", "", "8", "9|7|8"] * 20
+    lines = [_criteo_line(str(k % 2), c3[k], c5[k], k) for k in range(100)]
+    lines += [_criteo_line("1", "a1||b", "7", 0), _criteo_line("1", "xyz|1", "7", 0)]
+    (tmp_path / "day_0").write_text("\n".join(lines) + "\n")
+    schema = SchemaConfig(sparse=[SparseColumn("C3", multi_hot=True), SparseColumn("C5", True)])
+    m = _run(tmp_path / "day_0", tmp_path / "ds", schema, train_fraction=1.0)
+    assert m.multi_hot == ["C3", "C5"] and m.sparse_names[2] == "C3"
+    assert m.bad_lines == {"categorical not 1-8 hex digits": 2}
+    stats = dict(zip(m.sparse_names, load_feature_stats(tmp_path / "ds", m)))
+    for name, fields in (("C3", c3), ("C5", c5)):
+        want = Counter(int(t, 16) for f in fields if f for t in f.split(LIST_SEPARATOR))
+        assert dict(zip(stats[name].ids.tolist(), stats[name].counts.tolist())) == want
+        order = [v for v, _ in sorted(want.items(), key=lambda t: (-t[1], t[0]))]
+        rows = _read(tmp_path / "ds", m, "train")[name]
+        assert rows == [
+            [order.index(int(t, 16)) for t in f.split("|")] if f else [] for f in fields
+        ]
+
+
+def test_dataset_reused_only_under_its_schema(tmp_path: Path) -> None:
+    _write_text(tmp_path / "data.csv", _rows(200), ",", True)
+    first = _run(tmp_path / "data.csv", tmp_path / "ds", _schema())
+    assert _run(tmp_path / "data.csv", tmp_path / "ds", _schema()) == first  # reused
+    other = _schema()
+    other.sparse[1].hash = 8
+    with pytest.raises(pp.PreprocessError, match=r"other inputs/settings \(schema\)"):
+        _run(tmp_path / "data.csv", tmp_path / "ds", other)
+
+
+def test_header_without_a_schema_column_is_one_error(tmp_path: Path) -> None:
+    _write_text(tmp_path / "data.csv", _rows(20), ",", True)
+    bad = _schema()
+    bad.dense[1].name = "height"
+    with pytest.raises(pp.PreprocessError, match=r"data.csv:1: the header has no column 'height'"):
+        _run(tmp_path / "data.csv", tmp_path / "ds", bad)
+    assert not (tmp_path / "ds").exists()
