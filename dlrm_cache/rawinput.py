@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 # The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
-from .data import criteo, tabular
+from .data import criteo, rawtext, tabular
 from .data.files import one_line
 from .data.format import Manifest
 from .data.preprocess.badlines import BadLineLog
@@ -63,7 +63,7 @@ def new_bad_line_log(policy: str, max_reports: int) -> BadLineLog:
 
 
 BadLineError = criteo.BadLineError
-InputError = criteo.InputError
+InputError = rawtext.InputError
 
 
 class RankLookup:
@@ -103,11 +103,11 @@ class IdMapper:
 
 def detect_width(path: Path) -> int:
     """:data:`LABELLED` or :data:`UNLABELLED`, from the file's first non-empty line."""
-    reader, raw = criteo.open_raw(path)
+    reader, raw = rawtext.open_raw(path)
     try:
         with raw, reader:
             for number in range(1, 1001):
-                line = reader.readline(criteo.MAX_LINE_BYTES + 2)
+                line = reader.readline(rawtext.MAX_LINE_BYTES + 2)
                 if not line:
                     break
                 if number == 1 and line.startswith(_BOM):
@@ -138,7 +138,7 @@ def read_rows(
 ) -> Iterator[Rows]:
     """The file's good lines block by block (memory ~ ``chunk_bytes``); bad lines go to ``bad``;
     ``progress`` gets the bytes of the file read so far."""
-    for block in criteo.iter_blocks(path, chunk_bytes):
+    for block in rawtext.iter_blocks(path, chunk_bytes):
         if width == LABELLED:
             data, unknown = _with_empty_labels_filled(block.data, block.first_line)
         else:
@@ -246,7 +246,7 @@ def read_schema_rows(
     else:
         parsed_blocks = (
             (tabular.parse_text(b.data, b.first_line, b.first_line == 0, schema), b.bytes_read)
-            for b in criteo.iter_blocks(path, chunk_bytes)
+            for b in rawtext.iter_blocks(path, chunk_bytes)
         )
     for parsed, read in parsed_blocks:
         bad.add(path, bad_part(parsed, bad.max_reports), 0)

@@ -1,7 +1,7 @@
-"""Reading raw Criteo click-log text: streaming blocks, vectorized parsing and validation.
+"""Parsing raw Criteo click-log lines: vectorized parsing and validation of blocks of whole lines
+(read by :mod:`.rawtext`).
 
-A line is ``label \\t I1..I13 \\t C1..C26`` (40 fields).  Inputs may be plain or gzip (detected by
-the magic bytes, not the name) and may use CRLF line ends.  Lines are numbered from 1 in messages.
+A line is ``label \\t I1..I13 \\t C1..C26`` (40 fields).  Lines are numbered from 1 in messages.
 
 Policy, per line: acceptance is a property of the line alone (never of the lines read with it, so
 ``chunk_bytes`` cannot change the output).  The first failing check names the line's reason:
@@ -22,8 +22,6 @@ Policy, per line: acceptance is a property of the line alone (never of the lines
 * A carriage return is only a line end when followed by LF (or at the end of the file); anywhere
   else it makes its field invalid.  A UTF-8 byte order mark at the start of a file is ignored.
 
-A gzip file that is cut short or corrupt stops the run with :class:`InputError` naming the file.
-
 Parsing is pyarrow's multi-threaded CSV reader plus numpy: hex digits go through a byte lookup
 table, never a Python loop per value.  Malformed lines are rare, so the fast path lets pyarrow
 convert the integers, which is exact only for a block of the bytes a valid line can hold (pyarrow
@@ -34,13 +32,10 @@ blanked (their reason kept) and the block is parsed again, one row per line.
 
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from .format import DENSE_NAMES, LABEL, MISSING_ID, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
+from .rawtext import BOM, MAX_LINE_BYTES, Block, iter_blocks, normalize_line_ends
 
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 COLUMNS = [LABEL, *DENSE_NAMES, *SPARSE_NAMES]
@@ -61,15 +57,9 @@ BAD_HEX = "categorical not 1-8 hex digits"
 # Bump when what a line parses to, or whether it is accepted, changes: datasets built under
 # another version are not reused.  2: acceptance no longer depends on the other lines of a block.
 LINE_POLICY_VERSION = 2
-MAX_LINE_BYTES = (
-    64 << 10
-)  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
 # Criteo 1TB's file names: day_0 ... day_23, plain or gzip (read in numeric order).
 DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
-_GZIP_MAGIC = b"\x1f\x8b"
-BOM = b"\xef\xbb\xbf"
 _LINE_BYTES = b"0123456789abcdefABCDEF-\t\n"  # every byte of a valid line (after CRLF -> LF)
-_CORRUPT_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
 def _pair_lut() -> np.ndarray:
@@ -93,21 +83,6 @@ class BadLineError(ValueError):
     """A malformed line under ``bad_lines: fail``; the message is ``path:lineno: reason``."""
 
 
-class InputError(ValueError):
-    """An input file that cannot be read as text lines (e.g. a truncated gzip); names the file."""
-
-
-@dataclass
-class Block:
-    """Complete lines read from one file."""
-
-    data: bytes
-    first_line: int  # 0-based index in the file of the block's first line
-    num_lines: int
-    end: int  # offset just past the block in the (decompressed) text: where the next block starts
-    bytes_read: int  # bytes consumed from the file on disk so far (compressed bytes for gzip)
-
-
 @dataclass
 class Parsed:
     """The good lines of a block, plus where and why the others were rejected."""
@@ -124,130 +99,9 @@ class Parsed:
     lists: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------------------- reading
 def day_file_name(day: int, gz: bool) -> str:
     """The name of day ``day``'s file (matches :data:`DAY_FILE`)."""
     return f"day_{day}" + (".gz" if gz else "")
-
-
-def is_gzip(path: str | Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == _GZIP_MAGIC
-
-
-def open_raw(path: str | Path) -> tuple[BinaryIO, BinaryIO]:
-    """(reader, underlying file): gzip is detected by its magic bytes."""
-    raw = open(path, "rb")
-    if raw.read(2) == _GZIP_MAGIC:
-        raw.seek(0)
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
-    raw.seek(0)
-    return raw, raw
-
-
-def iter_blocks(
-    path: str | Path,
-    chunk_bytes: int,
-    stop_line: int | None = None,
-    start: int = 0,
-    start_line: int = 0,
-) -> Iterator[Block]:
-    """Yield blocks of whole lines (``chunk_bytes`` plus the rest of the last line) until EOF or
-    ``stop_line``, from text offset ``start`` (a block's ``end``, whose first line is ``start_line``).
-
-    The last block may extend past ``stop_line``; callers filter by line index.  A line longer than
-    :data:`MAX_LINE_BYTES` that ends a block is cut after ``MAX_LINE_BYTES + 1`` bytes (its line end
-    kept), so a block never holds much more than ``chunk_bytes`` whatever the input.
-    """
-    reader, raw = open_raw(path)
-    try:
-        with raw, reader:
-            if start:
-                reader.seek(
-                    start
-                )  # gzip: decompresses up to there, still much cheaper than parsing
-            line, pos = start_line, start
-            while stop_line is None or line < stop_line:
-                data = reader.read(chunk_bytes)
-                if not data:
-                    break
-                consumed = len(data)
-                if not data.endswith(b"\n"):
-                    rest, n = _rest_of_line(
-                        reader
-                    )  # complete the last line (one copy, not a carry)
-                    data += rest
-                    consumed += n
-                n = data.count(b"\n") + (
-                    not data.endswith(b"\n")
-                )  # a last line without newline counts
-                pos += consumed
-                yield Block(data, line, n, pos, raw.tell())
-                line += n
-    except _CORRUPT_GZIP as e:
-        raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
-
-
-def _rest_of_line(reader: BinaryIO) -> tuple[bytes, int]:
-    """(the rest of the current line, bytes consumed); past ``MAX_LINE_BYTES + 1`` bytes the line's
-    text is skipped, not kept (enough is kept to know it is too long)."""
-    rest = reader.readline(MAX_LINE_BYTES + 2)  # + 1 for the line end
-    consumed = len(rest)
-    if len(rest) == MAX_LINE_BYTES + 2 and not rest.endswith(b"\n"):
-        while skipped := reader.readline(1 << 20):
-            consumed += len(skipped)
-            if skipped.endswith(b"\n"):
-                rest += b"\n"
-                break
-    return rest, consumed
-
-
-def read_range(path: str | Path, start: int, end: int) -> bytes:
-    """The whole lines of a plain file that start in bytes [start, end): from the first line start
-    at or after ``start`` through the line that crosses ``end`` (see :func:`iter_blocks` for how a
-    too-long last line is cut)."""
-    with open(path, "rb") as f:
-        pos = start
-        if start > 0:
-            f.seek(start - 1)  # a line starts at ``start`` iff the byte before it ends one
-            k = f.read(end - start + 1).find(b"\n")  # never past ``end``: a long line costs once
-            if k < 0:
-                return b""
-            pos += k
-            f.seek(pos)
-        if pos >= end:
-            return b""
-        data = f.read(end - pos)
-        if data and not data.endswith(b"\n"):
-            data += _rest_of_line(f)[0]
-        return data
-
-
-def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
-    """Physical lines in a file (a last line without newline counts)."""
-    reader, raw = open_raw(path)
-    buf = bytearray(chunk_bytes)  # reused: no fresh pages per read
-    view = memoryview(buf)
-    try:
-        with raw, reader:
-            n, last = 0, b"\n"
-            while size := reader.readinto(view):  # type: ignore[attr-defined]
-                n += buf.count(b"\n", 0, size)
-                last = bytes(view[size - 1 : size])
-            return n + (last != b"\n")
-    except _CORRUPT_GZIP as e:
-        raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
-
-
-# --------------------------------------------------------------------------------------- parsing
-def normalize_line_ends(data: bytes) -> bytes:
-    """CRLF -> LF; a final lone CR ends the last line; other CRs become NUL (an invalid byte)."""
-    if b"\r" not in data:
-        return data
-    data = data.replace(b"\r\n", b"\n")
-    if data.endswith(b"\r"):
-        data = data[:-1]
-    return data.replace(b"\r", b"\0")
 
 
 def _read_table(data: bytes, typed: bool) -> pa.Table:

@@ -4,7 +4,7 @@ and parquet batches -> :class:`.criteo.Parsed` (feature order of the schema).
 Policy, per line (text) or row (parquet); acceptance is a property of the line alone, and the
 first failing check names its reason:
 
-* ``"line too long"`` (text): more than :data:`.criteo.MAX_LINE_BYTES` bytes;
+* ``"line too long"`` (text): more than :data:`.rawtext.MAX_LINE_BYTES` bytes;
 * ``"wrong field count"`` (text): not the file's number of fields (an empty line, a cut line), or
   an unbalanced ``"`` (CSV; a quoted field never spans lines);
 * ``"label not 0/1"``: the label is empty/null or anything but 0 or 1;
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from . import criteo
+from . import criteo, rawtext
 from .format import MISSING_ID
 from .schema import LIST_SEPARATOR, Schema, file_columns, fnv1a, int_ids
 
@@ -58,9 +58,9 @@ class _Rows:
 
 def parse_text(data: bytes, first_line: int, at_file_start: bool, s: Schema) -> criteo.Parsed:
     """Parse one block of whole text lines under schema ``s``."""
-    if data.startswith(criteo.BOM):
-        data = data[len(criteo.BOM) :] if at_file_start else b"\0" + data[1:]
-    data = criteo.normalize_line_ends(data)
+    if data.startswith(rawtext.BOM):
+        data = data[len(rawtext.BOM) :] if at_file_start else b"\0" + data[1:]
+    data = rawtext.normalize_line_ends(data)
     if not data.endswith(b"\n"):
         data += b"\n"
     columns = file_columns(s)
@@ -115,8 +115,8 @@ def _blank_shapes(
     rows = _Rows(len(ends))
     skip = np.zeros(len(ends), dtype=bool)
     skip[:1] = s.header and at_file_start
-    rows.fail(~skip & (length > criteo.MAX_LINE_BYTES), criteo.BAD_LONG,
-              f"more than {criteo.MAX_LINE_BYTES} bytes")  # fmt: skip
+    rows.fail(~skip & (length > rawtext.MAX_LINE_BYTES), criteo.BAD_LONG,
+              f"more than {rawtext.MAX_LINE_BYTES} bytes")  # fmt: skip
     bad = ~skip & ((fields != n_fields) | odd)
     rows.fail(bad, criteo.BAD_FIELDS, lambda r: "empty line" if length[r] == 0 else
               "unbalanced quote" if odd[r] else f"{fields[r]} fields, expected {n_fields}")  # fmt: skip
@@ -259,7 +259,7 @@ def iter_parquet(
         names = names[1:]
     missing = [n for n in names if n not in f.schema_arrow.names]
     if missing:
-        raise criteo.InputError(f"{path}: no column {missing[0]!r}")
+        raise rawtext.InputError(f"{path}: no column {missing[0]!r}")
     first = 0
     for batch in f.iter_batches(batch_size=max(1, rows), columns=names):
         yield pa.Table.from_batches([batch]), first
@@ -297,7 +297,7 @@ def _pq_sparse(col: pa.Array, name: str, multi: bool, s: Schema, rows: _Rows):
     if not multi:
         return _pq_ids(col)
     if not pa.types.is_list(col.type) and not pa.types.is_large_list(col.type):
-        raise criteo.InputError(f"column {name!r}: multi-hot needs a list column, not {col.type}")
+        raise rawtext.InputError(f"column {name!r}: multi-hot needs a list column, not {col.type}")
     col = pc.fill_null(col, pa.scalar([], col.type))
     lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = _plain(pc.list_flatten(col))

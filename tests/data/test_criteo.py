@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dlrm_cache.data import criteo
+from dlrm_cache.data import criteo, rawtext
 from dlrm_cache.data.format import MISSING_ID
 
 from refdata import EDGE_LINES, GOOD
@@ -96,7 +96,7 @@ def test_blocks_number_lines_across_chunks(tmp_path: Path, gz: bool) -> None:
     data = ("\r\n".join(lines)).encode()  # CRLF, no final newline
     path = tmp_path / ("x.gz" if gz else "x")  # gzip is detected by content, not name
     path.write_bytes(gzip.compress(data) if gz else data)
-    assert criteo.count_lines(path) == 300
+    assert rawtext.count_lines(path) == 300
     seen, bad = [], []
     for block, parsed in criteo.read_file(path, chunk_bytes=1000):
         assert block.data.endswith(b"\n") or block.first_line + block.num_lines == 300
@@ -105,10 +105,10 @@ def test_blocks_number_lines_across_chunks(tmp_path: Path, gz: bool) -> None:
         assert (parsed.ids[0] == parsed.lines).all()  # line k has C1 = k
     assert seen == [k for k in range(300) if k != 137] and bad == [137]
     # Stopping early and resuming from a block end.
-    blocks = list(criteo.iter_blocks(path, 1000, stop_line=50))
+    blocks = list(rawtext.iter_blocks(path, 1000, stop_line=50))
     assert blocks[-1].first_line < 50 <= blocks[-1].first_line + blocks[-1].num_lines
     rest = list(
-        criteo.iter_blocks(
+        rawtext.iter_blocks(
             path,
             1000,
             start=blocks[-1].end,
@@ -121,7 +121,7 @@ def test_blocks_number_lines_across_chunks(tmp_path: Path, gz: bool) -> None:
 def test_count_lines_edge_cases(tmp_path: Path) -> None:
     for data, n in [(b"", 0), (b"a", 1), (b"a\n", 1), (b"\n\n", 2), (b"a\nb", 2)]:
         (tmp_path / "f").write_bytes(data)
-        assert criteo.count_lines(tmp_path / "f") == n
+        assert rawtext.count_lines(tmp_path / "f") == n
 
 
 # Values pyarrow's own int64 parser takes or refuses differently from the policy: a line's verdict
@@ -217,7 +217,7 @@ def test_any_bytes_are_a_bad_line_not_a_crash() -> None:
 def test_over_long_line_is_skipped_and_never_held_whole(tmp_path: Path, chunk_bytes: int) -> None:
     huge = b"1\t" + b"7" * (10 << 20)  # a 10 MB line: too long for pyarrow's blocks too
     wide = GOOD.replace(
-        "0000000a", "a" * (criteo.MAX_LINE_BYTES + 1), 1
+        "0000000a", "a" * (rawtext.MAX_LINE_BYTES + 1), 1
     ).encode()  # 40 fields, too long
     lines = [
         GOOD.encode(),
@@ -228,7 +228,7 @@ def test_over_long_line_is_skipped_and_never_held_whole(tmp_path: Path, chunk_by
         huge,
     ]  # the last without newline
     (tmp_path / "f").write_bytes(b"\n".join(lines))
-    assert criteo.count_lines(tmp_path / "f") == 6
+    assert rawtext.count_lines(tmp_path / "f") == 6
     good, bad, biggest = [], [], 0
     for block, parsed in criteo.read_file(tmp_path / "f", chunk_bytes):
         good += parsed.lines.tolist()
@@ -237,7 +237,7 @@ def test_over_long_line_is_skipped_and_never_held_whole(tmp_path: Path, chunk_by
     assert good == [0, 2, 4]
     assert bad == [(1, "line too long"), (3, "line too long"), (5, "line too long")]
     if chunk_bytes < 4096:  # a long line ends every block: it is cut, not read whole
-        assert biggest <= chunk_bytes + criteo.MAX_LINE_BYTES + 3
+        assert biggest <= chunk_bytes + rawtext.MAX_LINE_BYTES + 3
 
 
 def test_line_ends_and_byte_order_mark() -> None:
@@ -257,7 +257,7 @@ def test_damaged_gzip_names_the_file(tmp_path: Path, damage: str) -> None:
         data = data[:20] + bytes(b ^ 0x5A for b in data[20:200]) + data[200:]
     path = tmp_path / "day_0.gz"
     path.write_bytes(data)
-    with pytest.raises(criteo.InputError, match=f"{path}: truncated or corrupt gzip"):
-        criteo.count_lines(path)
-    with pytest.raises(criteo.InputError, match=f"{path}: truncated or corrupt gzip"):
+    with pytest.raises(rawtext.InputError, match=f"{path}: truncated or corrupt gzip"):
+        rawtext.count_lines(path)
+    with pytest.raises(rawtext.InputError, match=f"{path}: truncated or corrupt gzip"):
         list(criteo.read_file(path, 1 << 12))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from .. import criteo
+from .. import rawtext
 from ..schema import Schema
 from .errors import PreprocessError
 
@@ -31,12 +31,12 @@ def read_header(files: list[Path], s: Schema) -> list[str]:
 
 def first_fields(path: Path, delimiter: str) -> list[str]:
     """The fields of a text file's first line (a byte order mark dropped; quotes as CSV's)."""
-    reader, raw = criteo.open_raw(path)
+    reader, raw = rawtext.open_raw(path)
     with raw, reader:
-        line = reader.readline(criteo.MAX_LINE_BYTES + 2)
-    if line.startswith(criteo.BOM):
-        line = line[len(criteo.BOM) :]
+        line = reader.readline(rawtext.MAX_LINE_BYTES + 2)
+    if line.startswith(rawtext.BOM):
+        line = line[len(rawtext.BOM) :]
     text = line.rstrip(b"\r\n").decode("utf-8", "replace")
     if not text:
-        raise criteo.InputError(f"{path}:1: empty first line")
+        raise rawtext.InputError(f"{path}:1: empty first line")
     return next(csv.reader([text], delimiter=delimiter))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import criteo, tabular
+from .. import criteo, rawtext, tabular
 from ..format import MISSING_ID
 from ..schema import Schema
 from .sources import Task
@@ -102,10 +102,10 @@ def _parsed(task: Task, chunk_bytes: int, s: Schema) -> Iterator[tuple[criteo.Pa
 def _blocks(task: Task, chunk_bytes: int) -> Iterator[tuple[bytes, int, bool]]:
     """(data, task-local first line, starts the file) per block of the task."""
     if task.end is None:  # a whole file: plain or gzip, in chunk_bytes blocks
-        for block in criteo.iter_blocks(task.path, chunk_bytes):
+        for block in rawtext.iter_blocks(task.path, chunk_bytes):
             yield block.data, block.first_line, block.first_line == 0
         return
-    data = criteo.read_range(task.path, task.start, task.end)
+    data = rawtext.read_range(task.path, task.start, task.end)
     pos = line = 0
     while pos < len(data):  # blocks of chunk_bytes plus the rest of their last line
         cut = data.find(b"\n", min(pos + chunk_bytes, len(data)) - 1)

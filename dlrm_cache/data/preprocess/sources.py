@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import criteo
+from .. import criteo, rawtext
 from .errors import PreprocessError
 
 _FINGERPRINT_BYTES = 1 << 20
@@ -125,7 +125,7 @@ def plan_tasks(files: list[Path], chunk_bytes: int, whole: bool = False) -> list
     tasks: list[Task] = []
     for i, p in enumerate(files):
         size = p.stat().st_size
-        if whole or criteo.is_gzip(p) or size <= task_bytes:
+        if whole or rawtext.is_gzip(p) or size <= task_bytes:
             tasks.append(Task(len(tasks), i, str(p), 0, None, size))
             continue
         for s in range(0, size, task_bytes):
