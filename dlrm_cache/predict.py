@@ -43,7 +43,6 @@ from .rawinput import (
     LABELLED,
     IdMapper,
     Rows,
-    SchemaIdMapper,
     detect_width,
     input_schema,
     new_bad_line_log,
@@ -220,13 +219,13 @@ def raw_source(cfg: Any, trained: Trained, path: Path, batch_size: int) -> Sourc
             f"input={path}: neither a raw Criteo text file nor a processed dataset "
             f"(a directory with {MANIFEST})"
         )
-    schema = Schema.load(trained.data_path)
+    schema = Schema.load(trained.data_path, trained.manifest.hash_modulus)
     bad = new_bad_line_log(str(cfg.bad_lines), int(cfg.bad_line_reports))
     layout = OneIdPerSample(trained.manifest.sparse_names)
-    if not schema.is_default:
+    if not schema.fast:
         return _schema_source(cfg, trained, path, batch_size, schema, bad)
     width = detect_width(path)
-    mapper = IdMapper(trained.data_path, trained.manifest)
+    mapper = IdMapper(trained.data_path, trained.manifest, schema.hashes)
 
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
         rows = read_rows(path, width, mapper, int(cfg.chunk_bytes), bad, progress)
@@ -240,7 +239,7 @@ def _schema_source(
 ) -> Source:
     """Raw input of the dataset's own (non-Criteo) schema: text lines or parquet rows."""
     schema, labelled = input_schema(path, schema)
-    mapper = SchemaIdMapper(trained.data_path, trained.manifest, schema)
+    mapper = IdMapper(trained.data_path, trained.manifest, schema.hashes)
     layout = OneIdPerSample(trained.manifest.sparse_names)
 
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:

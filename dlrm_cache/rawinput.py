@@ -34,7 +34,7 @@ from .data.files import one_line
 from .data.format import Manifest
 from .data.preprocess.badlines import BadLineLog
 from .data.preprocess.header import first_fields
-from .data.preprocess.parse import bad_part, hash_features, hash_ids
+from .data.preprocess.parse import bad_part, hash_ids
 from .data.schema import Schema, file_columns
 from .data.stats import FeatureStats, load_feature_stats
 
@@ -83,21 +83,21 @@ class RankLookup:
 
 
 class IdMapper:
-    """Raw hex ids (26, n) -> table rows through a dataset's statistics (preprocessing's lookup)."""
+    """Raw ids (features, n) -> table rows through a dataset's statistics (preprocessing's
+    lookup), after each feature's modulus (``hashes``; default: the manifest's ``hash_modulus``)."""
 
-    def __init__(self, dataset: Path, manifest: Manifest) -> None:
+    def __init__(self, dataset: Path, manifest: Manifest, hashes: list[int] | None = None) -> None:
         stats = load_feature_stats(dataset, manifest)
         self.dtype = np.dtype(
             np.int32 if max(manifest.table_sizes) <= np.iinfo(np.int32).max else np.int64
         )
         self.lookups = [RankLookup(fs, self.dtype) for fs in stats]
-        self.hash_modulus = manifest.hash_modulus
+        self.hashes = hashes or [manifest.hash_modulus] * len(self.lookups)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        ids = hash_ids(ids, self.hash_modulus)
         rows = np.empty(ids.shape, dtype=self.dtype)
         for j, lookup in enumerate(self.lookups):
-            rows[j] = lookup(ids[j])
+            rows[j] = lookup(hash_ids(ids[j], self.hashes[j]))
         return rows
 
 
@@ -194,21 +194,6 @@ def _unlabelled_detail(detail: str) -> str:
 
 
 # ------------------------------------------------------------------------ other schemas' raw input
-class SchemaIdMapper:
-    """Raw ids of a non-Criteo schema -> table rows: each column's own modulus, then the ranks."""
-
-    def __init__(self, dataset: Path, manifest: Manifest, schema: Schema) -> None:
-        self.rows = IdMapper(dataset, manifest)
-        self.schema = schema
-
-    def __call__(self, parsed: criteo.Parsed) -> np.ndarray:
-        hash_features(parsed, self.schema)
-        rows = np.empty(parsed.ids.shape, dtype=self.rows.dtype)
-        for j, lookup in enumerate(self.rows.lookups):
-            rows[j] = lookup(parsed.ids[j])
-        return rows
-
-
 def input_schema(path: Path, schema: Schema) -> tuple[Schema, bool]:
     """The dataset's schema as this input file lays it out, and whether it has the label column:
     a text file's header (or field count: the schema's columns, or all but the label) decides."""
@@ -234,7 +219,7 @@ def read_schema_rows(
     path: Path,
     schema: Schema,
     labelled: bool,
-    mapper: SchemaIdMapper,
+    mapper: IdMapper,
     chunk_bytes: int,
     bad: BadLineLog,
     progress: Callable[[int], None] | None = None,
@@ -254,6 +239,6 @@ def read_schema_rows(
             if name in schema.moments:
                 parsed.dense[i] = tabular.standardized(parsed.dense[i], schema.moments[name])
         yield Rows(parsed.lines + 1, parsed.label if labelled else None, parsed.dense,
-                   mapper(parsed))  # fmt: skip
+                   mapper(parsed.ids))  # fmt: skip
         if progress is not None and read:
             progress(read)

@@ -93,10 +93,13 @@ class Schema:
         atomic_write_text(directory / SCHEMA_FILE, json.dumps(self.record(), indent=2))
 
     @classmethod
-    def load(cls, dataset: Path) -> Schema:
-        """The dataset's schema (Criteo's when it has no ``schema.json``)."""
+    def load(cls, dataset: Path, hash_modulus: int = 0) -> Schema:
+        """The dataset's schema (without ``schema.json``: Criteo's, every column under the
+        manifest's ``hash_modulus``)."""
         path = dataset / SCHEMA_FILE
-        return cls(**json.loads(path.read_text())) if path.exists() else cls()
+        if path.exists():
+            return cls(**json.loads(path.read_text()))
+        return cls(hashes=[hash_modulus] * len(SPARSE_NAMES))
 
 
 def resolve(cfg: Any, hash_modulus: int) -> Schema:
