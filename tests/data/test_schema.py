@@ -8,6 +8,8 @@ import hashlib
 import io
 import json
 import math
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from launching import REPO, TORCHRUN_2
 from omegaconf import OmegaConf
 from schema_inputs import criteo_lines, dataset_digests
 
@@ -269,3 +272,22 @@ def test_header_without_a_schema_column_is_one_error(tmp_path: Path) -> None:
     with pytest.raises(pp.PreprocessError, match=r"data.csv:1: the header has no column 'height'"):
         _run(tmp_path / "data.csv", tmp_path / "ds", bad)
     assert not (tmp_path / "ds").exists()
+
+
+def test_torchrun_two_ranks_identical_to_one_process(tmp_path: Path) -> None:
+    """Two ranks under torchrun, through the CLI with a schema file of the user's own."""
+    _write_text(tmp_path / "data.csv", _rows(2000, seed=4), ",", True)
+    _run(tmp_path / "data.csv", tmp_path / "one", _schema(), workers=1)
+    conf = tmp_path / "conf" / "schema"
+    conf.mkdir(parents=True)
+    conf.joinpath("shop.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(_schema())))
+    r = subprocess.run(
+        [*TORCHRUN_2, "preprocess", "input=data.csv", "output=two", "schema=shop", "workers=1",
+         "chunk_bytes=65536", "rows_per_shard=90", "progress=false",
+         f"hydra.searchpath=[file://{tmp_path / 'conf'}]"],  # fmt: skip
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "1 worker(s) x 2 rank(s)" in r.stdout
+    assert dataset_digests(tmp_path / "two") == dataset_digests(tmp_path / "one")
