@@ -162,7 +162,8 @@ def _text_dense(col: pa.Array, name: str, rows: _Rows) -> np.ndarray:
 def _text_sparse(col: pa.Array, name: str, multi: bool, s: Schema, rows: _Rows):
     """One-hot: (n,) int64 ids; multi-hot: (values, offsets)."""
     if not multi:
-        return _text_ids(col, name, s, rows, None)
+        return _text_ids(col, name, s, rows, None, col)
+    field = col
     col = pc.fill_null(col, b"")
     lists = pc.split_pattern(col, LIST_SEPARATOR)
     empty = pc.equal(pc.binary_length(col), 0).to_numpy(zero_copy_only=False)
@@ -171,12 +172,15 @@ def _text_sparse(col: pa.Array, name: str, multi: bool, s: Schema, rows: _Rows):
     keep = np.repeat(~empty, pc.list_value_length(lists).to_numpy(zero_copy_only=False))
     flat = flat.filter(pa.array(keep))
     owner = np.repeat(np.arange(len(col)), lengths)
-    values = _text_ids(flat, name, s, rows, owner)
+    values = _text_ids(flat, name, s, rows, owner, field)
     return values, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
 
 
-def _text_ids(col: pa.Array, name: str, s: Schema, rows: _Rows, owner: np.ndarray | None):
-    """Ids of a binary column's values (``owner``: list elements' rows; an empty one fails it)."""
+def _text_ids(
+    col: pa.Array, name: str, s: Schema, rows: _Rows, owner: np.ndarray | None, field: pa.Array
+) -> np.ndarray:
+    """Ids of a binary column's values (``owner``: list elements' rows; an empty one fails it;
+    ``field``: the rows' fields, for messages)."""
     n_rows = len(rows.reason)
     if s.format == "criteo":
         ids, bad = criteo.parse_hex(col)
@@ -192,7 +196,7 @@ def _text_ids(col: pa.Array, name: str, s: Schema, rows: _Rows, owner: np.ndarra
         reason = BAD_LIST
     row_bad = np.zeros(n_rows, dtype=bool)
     row_bad[bad.nonzero()[0] if owner is None else owner[bad]] = True
-    rows.fail(row_bad, reason, f"{name}")
+    rows.fail(row_bad, reason, lambda r: f"{name}={_text(field, r)}")
     return ids
 
 
@@ -253,7 +257,10 @@ def iter_parquet(
 ) -> Iterator[tuple[pa.Table, int]]:
     """(batch of at most ``rows`` rows, its first row index) of the schema's columns
     (``unlabelled_ok``: the label column may be absent, for predict)."""
-    f = pq.ParquetFile(path)
+    try:
+        f = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise rawtext.InputError(f"{path}: not a readable parquet file ({e})") from None
     names = [s.label, *s.dense, *s.sparse]
     if s.label not in f.schema_arrow.names and unlabelled_ok:
         names = names[1:]
@@ -261,7 +268,14 @@ def iter_parquet(
     if missing:
         raise rawtext.InputError(f"{path}: no column {missing[0]!r}")
     first = 0
-    for batch in f.iter_batches(batch_size=max(1, rows), columns=names):
+    batches = f.iter_batches(batch_size=max(1, rows), columns=names)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise rawtext.InputError(f"{path}: unreadable after row {first} ({e})") from None
+        if batch is None:
+            return
         yield pa.Table.from_batches([batch]), first
         first += batch.num_rows
 
@@ -287,6 +301,9 @@ def _plain(col: pa.Array) -> pa.Array:
 
 def _pq_dense(col: pa.Array, name: str, rows: _Rows) -> np.ndarray:
     col = _plain(col)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+            or pa.types.is_boolean(col.type) or pa.types.is_decimal(col.type)):  # fmt: skip
+        raise rawtext.InputError(f"column {name!r}: a dense column holds numbers, not {col.type}")
     values = pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
     rows.fail(~np.isfinite(values), BAD_NUMBER, lambda r: f"{name}={col[r].as_py()!r}")
     return values

@@ -75,7 +75,7 @@ def _schema(cfg: Any) -> Schema:
 def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     t0 = time.perf_counter()
     schema = _schema(cfg)
-    sources = find_sources(inp, ".parquet" if schema.format == "parquet" else "")
+    sources = find_sources(inp, "" if schema.format == "criteo" else f".{schema.format}")
     try:  # the rule every command's output follows (the output may be a dataset: it makes them)
         check_output(out, "output", [("input", p) for p in [inp, *sources]], makes=DATASET)
     except UnsafeOutput as e:

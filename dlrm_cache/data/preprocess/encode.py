@@ -21,6 +21,7 @@ from ..format import LABEL, SPLITS
 from ..schema import Schema
 from ..tabular import standardized
 from .count import list_values
+from .errors import PreprocessError
 from .idtable import IdTable
 from .parse import load_column
 
@@ -112,6 +113,11 @@ class Encoder:
             for p in job.pieces
         ]
         ids = np.concatenate(values) if values else np.empty(0, np.int64)
+        if len(ids) > np.iinfo(np.int32).max:  # a parquet list's offsets are int32
+            raise PreprocessError(
+                f"{job.rel}: {len(ids):,} ids of {self.schema.sparse[j]} in one shard; "
+                "lower rows_per_shard"
+            )
         rows = np.empty(len(ids), dtype=self.dtype)
         table.lookup(ids, rows)
         offsets = np.concatenate(([0], np.cumsum(np.concatenate(lengths)))).astype(np.int32)

@@ -88,7 +88,10 @@ def _parsed(task: Task, chunk_bytes: int, s: Schema) -> Iterator[tuple[criteo.Pa
     """(block parsed with task-local line 0 first, its first task-local line, its lines)."""
     if s.format == "parquet":
         for table, first in tabular.iter_parquet(task.path, max(1, chunk_bytes // 256), s):
-            yield tabular.parse_parquet(table, 0, s), first, table.num_rows
+            try:
+                yield tabular.parse_parquet(table, 0, s), first, table.num_rows
+            except rawtext.InputError as e:  # a column of the wrong type: name the file
+                raise rawtext.InputError(f"{task.path}: {e}") from None
         return
     for data, first, at_start in _blocks(task, chunk_bytes):
         n_lines = data.count(b"\n") + (not data.endswith(b"\n"))

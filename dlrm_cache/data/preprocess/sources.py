@@ -33,8 +33,8 @@ class Task:
 
 
 def find_sources(inp: Path, suffix: str = "") -> list[Path]:
-    """A file, or a directory's day_N[.gz] files in numeric order (else its train.txt[.gz]; with
-    ``suffix``, e.g. ".parquet", its files with that suffix in name order)."""
+    """A file, or a directory's day_N[.gz] files in numeric order (else, with ``suffix``, e.g.
+    ".csv", its files named *.csv[.gz] in name order; else its train.txt[.gz])."""
     if inp.is_file():
         return [inp.resolve()]
     if not inp.exists():
@@ -48,7 +48,13 @@ def find_sources(inp: Path, suffix: str = "") -> list[Path]:
     )
     if days:
         return [p.resolve() for _, p in days]
-    named = sorted(p for p in inp.iterdir() if suffix and p.name.endswith(suffix) and p.is_file())
+    named = sorted(
+        p
+        for p in inp.iterdir()
+        if suffix
+        and p.name.endswith((suffix, f"{suffix}.gz" if suffix != ".parquet" else suffix))
+        and p.is_file()
+    )
     if named:
         return [p.resolve() for p in named]
     for name in ("train.txt", "train.txt.gz"):
