@@ -126,7 +126,7 @@ class SynthConfig:
 
 @dataclass
 class PreprocessConfig:
-    """Raw Criteo text -> processed dataset (see :mod:`dlrm_cache.data.format`)."""
+    """Raw data (Criteo text, or any ``schema``) -> processed dataset (:mod:`dlrm_cache.data.format`)."""
 
     # A raw file, or a directory holding day_0, day_1, ... (plain or .gz; read in numeric order)
     # or else a single train.txt[.gz].

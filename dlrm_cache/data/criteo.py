@@ -89,8 +89,9 @@ class Parsed:
 
     lines: np.ndarray  # (n,) int64 0-based line index in the file of each good row
     label: np.ndarray  # (n,) float32, 0 or 1
-    dense: np.ndarray  # (13, n) float32 log1p(max(x, 0)), empty -> 0 (feature-major)
-    ids: np.ndarray  # (26, n) int64 hex ids, MISSING_ID for empty (feature-major)
+    # (dense features, n) float32 after the transform (Criteo: log1p(max(x, 0))), empty -> 0
+    dense: np.ndarray
+    ids: np.ndarray  # (sparse features, n) int64 ids, MISSING_ID for empty (feature-major)
     bad_lines: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # 0-based
     bad_reasons: list[str] = field(default_factory=list)  # reason of each bad line
     bad_details: list[str] = field(default_factory=list)  # e.g. "I3='x7'"

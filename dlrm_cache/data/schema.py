@@ -112,6 +112,8 @@ def resolve(cfg: Any, hash_modulus: int) -> Schema:
     ]
     dense = [(str(_attr(c, "name")), str(_attr(c, "transform"))) for c in _attr(cfg, "dense")]
     if fmt == "criteo":
+        if _attr(cfg, "header") or list(_attr(cfg, "columns")) or _attr(cfg, "label") != LABEL:
+            raise SchemaError("schema: format=criteo has no header, fixed columns and 'label'")
         return _criteo(sparse, dense, hash_modulus)
     if not sparse and not dense:
         raise SchemaError(f"schema.format={fmt}: schema.dense and schema.sparse name no column")

@@ -291,3 +291,35 @@ def test_torchrun_two_ranks_identical_to_one_process(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 worker(s) x 2 rank(s)" in r.stdout
     assert dataset_digests(tmp_path / "two") == dataset_digests(tmp_path / "one")
+
+
+def test_parquet_bad_rows_per_reason(tmp_path: Path) -> None:
+    """A null or non-0/1 label, a non-finite dense value and a null list element each make their
+    row bad (counted per reason, first reason wins); a null list is an empty list."""
+    n = 50
+    label = [1 if k % 3 == 0 else 0 for k in range(n)]
+    price = [float(k) for k in range(n)]
+    tags: list = [["a", "b"]] * n
+    label[3], label[4] = None, 2
+    price[5], price[6] = float("nan"), float("inf")
+    tags = list(tags)
+    tags[7], tags[8] = ["a", None], None
+    price[9], label[9] = float("nan"), None  # two problems: the label is checked first
+    table = pa.table({"clicked": pa.array(label, pa.float32()), "price": price,
+                      "age": [1.0] * n, "user": ["u"] * n, "item": [1] * n,
+                      "tags": pa.array(tags, pa.list_(pa.string()))})  # fmt: skip
+    pq.write_table(table, tmp_path / "a.parquet")
+    m = _run(tmp_path / "a.parquet", tmp_path / "ds", _schema("parquet", False), train_fraction=1.0)
+    assert m.bad_lines == {
+        "label not 0/1": 3,
+        "non-number in a dense field": 2,
+        "empty id in a list": 1,
+    }
+    got = _read(tmp_path / "ds", m, "train")
+    assert len(got["tags"]) == n - 6 and [] in got["tags"]
+
+
+def test_criteo_format_takes_no_header_or_columns(tmp_path: Path) -> None:
+    (tmp_path / "day_0").write_bytes(criteo_lines(10))
+    with pytest.raises(pp.PreprocessError, match="format=criteo has no header"):
+        _run(tmp_path / "day_0", tmp_path / "ds", SchemaConfig(header=True))
