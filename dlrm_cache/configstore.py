@@ -24,7 +24,7 @@ from .config import (
     ReportConfig,
     TrainConfig,
 )
-from .data.config import PreprocessConfig, SynthConfig
+from .data.config import PreprocessConfig, SchemaConfig, SynthConfig
 from .verify import VerifyConfig
 
 
@@ -95,6 +95,7 @@ def register_configs() -> None:
         ("report_schema", ReportConfig),
         ("synth_schema", SynthConfig),
         ("preprocess_schema", PreprocessConfig),
+        ("schema_schema", SchemaConfig),
         ("data_schema", DataConfig),
         ("model_schema", ModelConfig),
         ("optim_schema", OptimConfig),

@@ -36,9 +36,19 @@ from .after_config import require
 from .data.files import WriteError, atomic_file
 from .data.format import MANIFEST, Manifest
 from .data.loader import Batch, OneIdPerSample, ShardStream
+from .data.schema import Schema
 from .outputs import check_output, stop_on_signals
 from .parallel.dist import resolve_device
-from .rawinput import LABELLED, IdMapper, Rows, detect_width, new_bad_line_log, read_rows
+from .rawinput import (
+    LABELLED,
+    IdMapper,
+    Rows,
+    detect_width,
+    input_schema,
+    new_bad_line_log,
+    read_rows,
+    read_schema_rows,
+)
 from .threads import Prefetcher
 from .train.metrics import EvalMetrics, format_table
 from .trained import Trained, open_trained
@@ -209,16 +219,35 @@ def raw_source(cfg: Any, trained: Trained, path: Path, batch_size: int) -> Sourc
             f"input={path}: neither a raw Criteo text file nor a processed dataset "
             f"(a directory with {MANIFEST})"
         )
-    width = detect_width(path)
-    mapper = IdMapper(trained.data_path, trained.manifest)
+    schema = Schema.load(trained.data_path, trained.manifest.hash_modulus)
     bad = new_bad_line_log(str(cfg.bad_lines), int(cfg.bad_line_reports))
     layout = OneIdPerSample(trained.manifest.sparse_names)
+    if not schema.fast:
+        return _schema_source(cfg, trained, path, batch_size, schema, bad)
+    width = detect_width(path)
+    mapper = IdMapper(trained.data_path, trained.manifest, schema.hashes)
 
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
         rows = read_rows(path, width, mapper, int(cfg.chunk_bytes), bad, progress)
         return rebatch(rows, batch_size, layout)
 
     return Source("line", width == LABELLED, batches, path.stat().st_size, "B", bad)
+
+
+def _schema_source(
+    cfg: Any, trained: Trained, path: Path, batch_size: int, schema: Schema, bad: Any
+) -> Source:
+    """Raw input of the dataset's own (non-Criteo) schema: text lines or parquet rows."""
+    schema, labelled = input_schema(path, schema)
+    mapper = IdMapper(trained.data_path, trained.manifest, schema.hashes)
+    layout = OneIdPerSample(trained.manifest.sparse_names)
+
+    def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
+        rows = read_schema_rows(path, schema, labelled, mapper, int(cfg.chunk_bytes), bad, progress)
+        return rebatch(rows, batch_size, layout)
+
+    # parquet rows are numbered like lines (from 1, as bad-row messages name them)
+    return Source("line", labelled, batches, path.stat().st_size, "B", bad)
 
 
 def rebatch(rows: Iterator[Rows], batch_size: int, layout: OneIdPerSample) -> Iterator[Indexed]:

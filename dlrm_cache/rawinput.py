@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 # The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
-from .data import criteo, rawtext
+from .data import criteo, rawtext, tabular
 from .data.files import one_line
 from .data.format import Manifest
 from .data.preprocess.badlines import BadLineLog
+from .data.preprocess.header import first_fields
 from .data.preprocess.parse import bad_part, hash_ids
+from .data.schema import Schema, file_columns
 from .data.stats import FeatureStats, load_feature_stats
 
 LABELLED = criteo.NUM_FIELDS  # label, I1..I13, C1..C26
@@ -81,21 +83,21 @@ class RankLookup:
 
 
 class IdMapper:
-    """Raw hex ids (26, n) -> table rows through a dataset's statistics (preprocessing's lookup)."""
+    """Raw ids (features, n) -> table rows through a dataset's statistics (preprocessing's
+    lookup), after each feature's modulus (``hashes``; default: the manifest's ``hash_modulus``)."""
 
-    def __init__(self, dataset: Path, manifest: Manifest) -> None:
+    def __init__(self, dataset: Path, manifest: Manifest, hashes: list[int] | None = None) -> None:
         stats = load_feature_stats(dataset, manifest)
         self.dtype = np.dtype(
             np.int32 if max(manifest.table_sizes) <= np.iinfo(np.int32).max else np.int64
         )
         self.lookups = [RankLookup(fs, self.dtype) for fs in stats]
-        self.hash_modulus = manifest.hash_modulus
+        self.hashes = hashes or [manifest.hash_modulus] * len(self.lookups)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        ids = hash_ids(ids, self.hash_modulus)
         rows = np.empty(ids.shape, dtype=self.dtype)
         for j, lookup in enumerate(self.lookups):
-            rows[j] = lookup(ids[j])
+            rows[j] = lookup(hash_ids(ids[j], self.hashes[j]))
         return rows
 
 
@@ -189,3 +191,54 @@ def _unlabelled_detail(detail: str) -> str:
     if not m:
         return detail
     return f"{int(m[1]) - 1} fields, expected {UNLABELLED}"
+
+
+# ------------------------------------------------------------------------ other schemas' raw input
+def input_schema(path: Path, schema: Schema) -> tuple[Schema, bool]:
+    """The dataset's schema as this input file lays it out, and whether it has the label column:
+    a text file's header (or field count: the schema's columns, or all but the label) decides."""
+    if schema.multi_hot:
+        raise InputError(f"{path}: scoring raw multi-hot input is not supported yet")
+    s = replace(schema, columns=list(schema.columns))
+    if s.format == "parquet":
+        import pyarrow.parquet as pq
+
+        return s, s.label in pq.ParquetFile(path).schema_arrow.names
+    first = first_fields(path, s.delimiter)
+    if s.header:
+        s.columns = first
+        return s, s.label in first
+    columns = file_columns(s)
+    if len(first) == len(columns) - 1:
+        s.columns = [c for c in columns if c != s.label]
+        return s, False
+    return s, True
+
+
+def read_schema_rows(
+    path: Path,
+    schema: Schema,
+    labelled: bool,
+    mapper: IdMapper,
+    chunk_bytes: int,
+    bad: BadLineLog,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[Rows]:
+    """As :func:`read_rows`, for an input of a non-Criteo schema (preprocess's own parsers)."""
+    if schema.format == "parquet":
+        batches = tabular.iter_parquet(path, max(1, chunk_bytes // 256), schema, True)
+        parsed_blocks = ((tabular.parse_parquet(t, first, schema), 0) for t, first in batches)
+    else:
+        parsed_blocks = (
+            (tabular.parse_text(b.data, b.first_line, b.first_line == 0, schema), b.bytes_read)
+            for b in rawtext.iter_blocks(path, chunk_bytes)
+        )
+    for parsed, read in parsed_blocks:
+        bad.add(path, bad_part(parsed, bad.max_reports), 0)
+        for i, name in enumerate(schema.dense):
+            if name in schema.moments:
+                parsed.dense[i] = tabular.standardized(parsed.dense[i], schema.moments[name])
+        yield Rows(parsed.lines + 1, parsed.label if labelled else None, parsed.dense,
+                   mapper(parsed.ids))  # fmt: skip
+        if progress is not None and read:
+            progress(read)

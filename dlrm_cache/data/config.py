@@ -30,6 +30,55 @@ class MultiHotDistribution(Choice):
     pareto = "pareto"  # MLPerf's: Pareto(a=0.25) offsets, modulo the table size
 
 
+class Format(Choice):
+    criteo = "criteo"  # label, I1..I13 (integers), C1..C26 (hex ids), tab-separated, no header
+    tsv = "tsv"  # tab-separated text, no quoting
+    csv = "csv"  # comma-separated text, fields may be "quoted" (never across lines)
+    parquet = "parquet"  # parquet files; list columns are multi-hot features
+
+
+class Transform(Choice):
+    log1p = "log1p"  # log(1 + max(x, 0)) (Criteo's)
+    none = "none"  # x as is
+    standardize = "standardize"  # (x - mean) / std over the training split
+
+
+@dataclass
+class DenseColumn:
+    """A dense input column: its name (in the header, the parquet schema or ``columns``)."""
+
+    name: str = checked("", pattern=r"[^\s|]+")
+    transform: Transform = Transform.log1p  # applied by preprocess (empty -> 0 first)
+
+
+@dataclass
+class SparseColumn:
+    """A categorical input column: one id per sample, or (``multi_hot``) a list of them."""
+
+    name: str = checked("", pattern=r"[^\s|]+")
+    multi_hot: bool = False  # text: ids separated by schema.LIST_SEPARATOR; parquet: a list column
+    hash: int = checked(0, ge=0)  # >0: id := id mod hash (0: preprocess's hash_modulus)
+
+
+@dataclass
+class SchemaConfig:
+    """The raw data's layout (:mod:`dlrm_cache.data.schema`); the default is Criteo's.
+
+    ``format: criteo`` keeps Criteo's columns (``dense`` must stay empty); ``sparse`` may then list
+    some of C1..C26 to make them multi-hot or give them their own ``hash``.  Any other format
+    names every column it uses.
+    """
+
+    format: Format = Format.criteo  # criteo | tsv | csv | parquet (the input files' format)
+    header: bool = False  # text: the first line of every file names the columns
+    # text without a header: the file's columns in order (empty: label, dense..., sparse...)
+    columns: list[str] = field(default_factory=list)
+    label: str = "label"  # the 0/1 click column
+    dense: list[DenseColumn] = field(default_factory=list)  # [{name, transform}], in model order
+    # [{name, multi_hot, hash}], in model order (the embedding tables' order)
+    sparse: list[SparseColumn] = field(default_factory=list)
+
+
 class BadLines(Choice):
     skip = "skip"  # count per reason, report a few
     fail = "fail"  # stop at the first
@@ -92,7 +141,7 @@ class SynthConfig:
 
 @dataclass
 class PreprocessConfig:
-    """Raw Criteo text -> processed dataset (see :mod:`dlrm_cache.data.format`)."""
+    """Raw data (Criteo text, or any ``schema``) -> processed dataset (:mod:`dlrm_cache.data.format`)."""
 
     # A raw file, or a directory holding day_0, day_1, ... (plain or .gz; read in numeric order)
     # or else a single train.txt[.gz].
@@ -139,3 +188,6 @@ class PreprocessConfig:
     multi_hot_sizes: Any = field(default_factory=list)
     multi_hot_distribution: MultiHotDistribution = MultiHotDistribution.uniform  # T's ids
     multi_hot_seed: int = checked(0, ge=0)  # seeds T as MLPerf's np.random.seed (0 in MLPerf)
+    # the raw data's layout: a config group (schema=criteo, the default; your own file through
+    # hydra.searchpath), see README "Your own dataset"
+    schema: SchemaConfig = field(default_factory=SchemaConfig)

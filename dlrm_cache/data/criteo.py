@@ -1,7 +1,7 @@
-"""Reading raw Criteo click-log text: streaming blocks, vectorized parsing and validation.
+"""Parsing raw Criteo click-log lines: vectorized parsing and validation of blocks of whole lines
+(read by :mod:`.rawtext`).
 
-A line is ``label \\t I1..I13 \\t C1..C26`` (40 fields).  Inputs may be plain or gzip (detected by
-the magic bytes, not the name) and may use CRLF line ends.  Lines are numbered from 1 in messages.
+A line is ``label \\t I1..I13 \\t C1..C26`` (40 fields).  Lines are numbered from 1 in messages.
 
 Policy, per line: acceptance is a property of the line alone (never of the lines read with it, so
 ``chunk_bytes`` cannot change the output).  The first failing check names the line's reason:
@@ -22,9 +22,6 @@ Policy, per line: acceptance is a property of the line alone (never of the lines
 * A carriage return is only a line end when followed by LF (or at the end of the file); anywhere
   else it makes its field invalid.  A UTF-8 byte order mark at the start of a file is ignored.
 
-A gzip file that is cut short or corrupt stops the run with :class:`.rawtext.InputError` naming the
-file (:mod:`.rawtext` reads the files as blocks of whole lines; this module parses them).
-
 Parsing is pyarrow's multi-threaded CSV reader plus numpy: hex digits go through a byte lookup
 table, never a Python loop per value.  Malformed lines are rare, so the fast path lets pyarrow
 convert the integers, which is exact only for a block of the bytes a valid line can hold (pyarrow
@@ -35,6 +32,7 @@ blanked (their reason kept) and the block is parsed again, one row per line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from .format import DENSE_NAMES, LABEL, MISSING_ID, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
-from .rawtext import MAX_LINE_BYTES, Block, iter_blocks
+from .rawtext import BOM, MAX_LINE_BYTES, Block, iter_blocks, normalize_line_ends
 
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 COLUMNS = [LABEL, *DENSE_NAMES, *SPARSE_NAMES]
@@ -59,7 +57,8 @@ BAD_HEX = "categorical not 1-8 hex digits"
 # Bump when what a line parses to, or whether it is accepted, changes: datasets built under
 # another version are not reused.  2: acceptance no longer depends on the other lines of a block.
 LINE_POLICY_VERSION = 2
-_BOM = b"\xef\xbb\xbf"
+# Criteo 1TB's file names: day_0 ... day_23, plain or gzip (read in numeric order).
+DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 _LINE_BYTES = b"0123456789abcdefABCDEF-\t\n"  # every byte of a valid line (after CRLF -> LF)
 
 
@@ -90,21 +89,20 @@ class Parsed:
 
     lines: np.ndarray  # (n,) int64 0-based line index in the file of each good row
     label: np.ndarray  # (n,) float32, 0 or 1
-    dense: np.ndarray  # (13, n) float32 log1p(max(x, 0)), empty -> 0 (feature-major)
-    ids: np.ndarray  # (26, n) int64 hex ids, MISSING_ID for empty (feature-major)
+    # (dense features, n) float32 after the transform (Criteo: log1p(max(x, 0))), empty -> 0
+    dense: np.ndarray
+    ids: np.ndarray  # (sparse features, n) int64 ids, MISSING_ID for empty (feature-major)
     bad_lines: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # 0-based
     bad_reasons: list[str] = field(default_factory=list)  # reason of each bad line
     bad_details: list[str] = field(default_factory=list)  # e.g. "I3='x7'"
+    # multi-hot features (index in the schema's sparse order): (values int64, offsets (n+1,)
+    # int64 from 0); their rows of ``ids`` are unused
+    lists: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-def _normalize_line_ends(data: bytes) -> bytes:
-    """CRLF -> LF; a final lone CR ends the last line; other CRs become NUL (an invalid byte)."""
-    if b"\r" not in data:
-        return data
-    data = data.replace(b"\r\n", b"\n")
-    if data.endswith(b"\r"):
-        data = data[:-1]
-    return data.replace(b"\r", b"\0")
+def day_file_name(day: int, gz: bool) -> str:
+    """The name of day ``day``'s file (matches :data:`DAY_FILE`)."""
+    return f"day_{day}" + (".gz" if gz else "")
 
 
 def _read_table(data: bytes, typed: bool) -> pa.Table:
@@ -186,7 +184,7 @@ def _blank_bad_shapes(data: bytes) -> tuple[bytes, _Shape]:
     return arr[keep].tobytes(), _Shape(lines, reasons, details)
 
 
-def _binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A binary column's raw buffers without copies: (offsets [n+1], data bytes, lengths [n])."""
     offsets = np.frombuffer(
         col.buffers()[1], dtype=np.int32, count=len(col) + 1, offset=4 * col.offset
@@ -201,7 +199,7 @@ def _binary_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def parse_hex(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Binary column -> (int64 ids, bad mask).  Empty/null -> MISSING_ID; not 1-8 hex digits -> bad."""
     n = len(col)
-    offsets, data, lens = _binary_buffers(col)
+    offsets, data, lens = binary_buffers(col)
     ids = np.full(n, MISSING_ID, dtype=np.int64)
     bad = lens > 8
     present = (lens > 0) & ~bad
@@ -232,7 +230,7 @@ def _int_ok(col: pa.Array) -> np.ndarray:
     """Per value of a binary column: empty/null, or an optional ``-`` and digits that fit in int64.
     On the raw bytes with numpy (pyarrow's regex kernel costs ~10x more)."""
     n = len(col)
-    offsets, data, lens = _binary_buffers(col)
+    offsets, data, lens = binary_buffers(col)
     first = offsets[0]
     not_digit = np.concatenate(
         ([0], np.cumsum(_NOT_DIGIT[data[first : offsets[-1]]], dtype=np.int64))
@@ -300,11 +298,11 @@ def parse_block(
     (default: ``first_line == 0``), where a byte order mark is dropped."""
     if at_file_start is None:
         at_file_start = first_line == 0
-    if data.startswith(_BOM):
+    if data.startswith(BOM):
         # A file's byte order mark is dropped.  Elsewhere it is data, but pyarrow would drop it at
         # the start of any block: its first byte is made NUL, which fails the same checks.
-        data = data[len(_BOM) :] if at_file_start else b"\0" + data[1:]
-    data = _normalize_line_ends(data)
+        data = data[len(BOM) :] if at_file_start else b"\0" + data[1:]
+    data = normalize_line_ends(data)
     if num_lines is None:
         num_lines = data.count(b"\n") + (not data.endswith(b"\n"))
     table, typed = None, False

@@ -1,16 +1,15 @@
-"""Raw text input files: plain or gzip (by magic bytes), read as blocks of whole lines.
+"""Reading raw text files as blocks of whole lines, in bounded memory.
 
-Shared by every text reader (Criteo's parser, predict's raw input): a block never holds much more
-than ``chunk_bytes`` whatever the input, because a line longer than :data:`MAX_LINE_BYTES` is cut
-after ``MAX_LINE_BYTES + 1`` bytes (enough to know it is too long).  A gzip file that is cut short
-or corrupt is an :class:`InputError` naming the file.  Criteo 1TB's files are named
-:data:`DAY_FILE`.
+Inputs may be plain or gzip (detected by the magic bytes, not the name) and may use CRLF line ends
+(:func:`normalize_line_ends`).  A block is ``chunk_bytes`` plus the rest of its last line; a line
+longer than :data:`MAX_LINE_BYTES` is cut (enough is kept to know it is too long), so no input can
+make a block much larger.  A gzip file that is cut short or corrupt raises :class:`InputError`
+naming the file.  What the lines mean is the parsers' job (:mod:`.criteo`, :mod:`.tabular`).
 """
 
 from __future__ import annotations
 
 import gzip
-import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,12 +19,8 @@ from typing import BinaryIO
 MAX_LINE_BYTES = (
     64 << 10
 )  # longest line parsed (without its line end); pyarrow needs < its 4 MiB block
-
-# Criteo 1TB's file names: day_0 ... day_23, plain or gzip (read in numeric order).
-DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
-
 _GZIP_MAGIC = b"\x1f\x8b"
-
+BOM = b"\xef\xbb\xbf"
 _CORRUPT_GZIP = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
@@ -42,11 +37,6 @@ class Block:
     num_lines: int
     end: int  # offset just past the block in the (decompressed) text: where the next block starts
     bytes_read: int  # bytes consumed from the file on disk so far (compressed bytes for gzip)
-
-
-def day_file_name(day: int, gz: bool) -> str:
-    """The name of day ``day``'s file (matches :data:`DAY_FILE`)."""
-    return f"day_{day}" + (".gz" if gz else "")
 
 
 def is_gzip(path: str | Path) -> bool:
@@ -156,3 +146,13 @@ def count_lines(path: str | Path, chunk_bytes: int = 4 << 20) -> int:
             return n + (last != b"\n")
     except _CORRUPT_GZIP as e:
         raise InputError(f"{path}: truncated or corrupt gzip file ({e})") from None
+
+
+def normalize_line_ends(data: bytes) -> bytes:
+    """CRLF -> LF; a final lone CR ends the last line; other CRs become NUL (an invalid byte)."""
+    if b"\r" not in data:
+        return data
+    data = data.replace(b"\r\n", b"\n")
+    if data.endswith(b"\r"):
+        data = data[:-1]
+    return data.replace(b"\r", b"\0")

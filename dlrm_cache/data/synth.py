@@ -27,9 +27,9 @@ from tqdm import tqdm
 from ..config import config_dict
 from ..threads import Prefetcher
 from .config import SynthConfig
+from .criteo import DAY_FILE, day_file_name
 from .files import atomic_file, atomic_write_text
 from .format import DENSE_NAMES, LABEL, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
-from .rawtext import DAY_FILE, day_file_name
 from .reuse import compare, remove_stale
 from .synthlists import list_text
 from .synthmodel import Chunk, PlantedModel, build_model, sample, sigmoid

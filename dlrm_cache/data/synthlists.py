@@ -29,9 +29,7 @@ import pyarrow.compute as pc
 from ..jagged import starts, take_lists
 from .format import NUM_SPARSE
 from .multihot import parse_sizes
-
-# Separates the ids of a multi-hot field in raw text (the schema's parser reads the same).
-LIST_SEPARATOR = "|"
+from .schema import LIST_SEPARATOR
 
 
 def list_sizes(cfg: Any) -> list[int]:

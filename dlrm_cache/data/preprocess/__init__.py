@@ -30,8 +30,10 @@ from ..config import PreprocessConfig
 from ..files import resolve_path
 from ..format import MANIFEST, Manifest
 from ..parquet import write_shard as _write_shard  # shards are written through this name
+from ..schema import Schema, SchemaError, resolve
 from .build import build
 from .errors import PreprocessError
+from .header import read_header
 from .output import (
     SETTINGS,
     build_dir,
@@ -68,19 +70,31 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
         runner.close(failed)
 
 
+def _schema(cfg: Any) -> Schema:
+    """The resolved schema of ``cfg`` (Criteo's when it has none)."""
+    node = getattr(cfg, "schema", None)
+    try:
+        return Schema() if node is None else resolve(node, int(cfg.hash_modulus))
+    except SchemaError as e:
+        raise PreprocessError(str(e)) from None
+
+
 def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     if cfg.multi_hot_sizes or (inp / MANIFEST).is_file():  # a processed dataset in: MLPerf's
         from ..multihot import materialize  # multi-hot version of it (data/multihot.py)
 
         return materialize(cfg, inp, out, runner)
     t0 = time.perf_counter()
-    sources = find_sources(inp)
+    schema = _schema(cfg)
+    sources = find_sources(inp, "" if schema.format == "criteo" else f".{schema.format}")
     try:  # the rule every command's output follows (the output may be a dataset: it makes them)
         check_output(out, "output", [("input", p) for p in [inp, *sources]], makes=DATASET)
     except UnsafeOutput as e:
         raise PreprocessError(str(e)) from None
     files, file_splits = select_files(cfg, inp, sources)
-    wanted = settings(cfg, files)
+    if schema.header:
+        schema.columns = read_header(files, schema)
+    wanted = settings(cfg, files, schema)
     reused, root = None, None
     if runner.is_main:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +115,10 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
             print(f"preprocess: up to date, reusing {out}")
         return reused
     manifest = publish(
-        root, out, runner, lambda: build(cfg, files, file_splits, wanted, root, runner, _write)
+        root,
+        out,
+        runner,
+        lambda: build(cfg, files, file_splits, wanted, root, runner, _write, schema),
     )
     dt = time.perf_counter() - t0
     lines = sum(s.rows for s in manifest.splits.values()) + sum(manifest.bad_lines.values())

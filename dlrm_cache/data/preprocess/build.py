@@ -18,9 +18,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..files import sha256_file
-from ..format import NUM_SPARSE, SCHEMA_VERSION, SPARSE_NAMES, SPLITS, Manifest, SplitInfo
+from ..format import SCHEMA_VERSION, SPLITS, Manifest, SplitInfo
+from ..schema import Schema
 from ..stats import COUNTS, SUMMARY, format_summary, summarize, write_counts
-from . import count, encode, parse
+from . import count, encode, moments, parse
 from .badlines import BadLineLog, why_no_training_lines
 from .errors import PreprocessError
 from .output import SETTINGS
@@ -62,8 +63,10 @@ def build(
     root: Path,
     runner: Runner,
     write: Callable[[Any, Path], None],
+    schema: Schema,
 ) -> Manifest:
-    """Build the dataset into ``root`` (rank 0 writes the shared files); returns its manifest."""
+    """Build the dataset into ``root`` (rank 0 writes the shared files); returns its manifest.
+    A schema other than the default Criteo one is saved as ``schema.json`` (with its moments)."""
     work = root / WORK
     if runner.is_main:
         work.mkdir()
@@ -74,14 +77,14 @@ def build(
     progress = bool(cfg.progress) and runner.is_main
 
     t = time.perf_counter()
-    tasks = plan_tasks(files, int(cfg.chunk_bytes))
+    tasks = plan_tasks(files, int(cfg.chunk_bytes), whole=schema.format == "parquet")
     modulus = int(cfg.hash_modulus)
     jobs = [
         (
             parse.parse_task,
             task,
             int(cfg.chunk_bytes),
-            modulus,
+            schema,
             str(work),
             int(cfg.bad_line_reports),
         )
@@ -102,7 +105,7 @@ def build(
     bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
     for part, span in zip(parts, spans):
         bad.add(files[part.file], part, span.file_line)
-    split_rows, stats = _count(cfg, plan, spans, work, runner, timings, progress)
+    split_rows, stats = _count(cfg, plan, spans, work, runner, timings, progress, schema)
     timings.wall["count"] = time.perf_counter() - t
     n_train = sum(r[0] for r in split_rows)
     if n_train == 0:
@@ -118,9 +121,9 @@ def build(
         print(format_summary(summary))
 
     t = time.perf_counter()
-    table_sizes = [stats[n].table_size for n in SPARSE_NAMES]
+    table_sizes = [stats[n].table_size for n in schema.sparse]
     splits = _encode(
-        cfg, spans, split_rows, table_sizes, work, root, runner, write, timings, progress
+        cfg, spans, split_rows, table_sizes, work, root, runner, write, timings, progress, schema
     )
     timings.wall["encode"] = time.perf_counter() - t
     for msg in bad.reports:
@@ -138,12 +141,17 @@ def build(
         sources=[str(p) for p in plan.files],
         split_spec=plan.spec(),
         bad_lines=dict(sorted(bad.counts.items())),
+        dense_names=list(schema.dense),
+        sparse_names=list(schema.sparse),
+        multi_hot=list(schema.multi_hot),
     )
     runner.gather(None)  # every rank is done with the work area
     if runner.is_main:
         shutil.rmtree(work)
         manifest.stats_digest = sha256_file(root / COUNTS)
         (root / SETTINGS).write_text(json.dumps(wanted, indent=2))
+        if not schema.is_default:
+            schema.save(root)
         manifest.save(root)  # last: its presence marks the dataset complete
         print(timings.line())
     return manifest
@@ -192,37 +200,47 @@ def _count(
     runner: Runner,
     timings: Timings,
     progress: bool,
+    schema: Schema,
 ) -> tuple[list[list[int]], dict]:
-    """Rows per split of every part, and the ranked per-feature stats."""
+    """Rows per split of every part, and the ranked per-feature stats; sets the schema's
+    standardize moments."""
     n_groups = max(1, min(len(spans), runner.workers * runner.world))
     bounds = [len(spans) * g // n_groups for g in range(n_groups + 1)]
     groups = [str(work / f"counts-{g:04d}") for g in range(n_groups)]
+    std = tuple(i for i, t in enumerate(schema.transforms) if t == "standardize")
+    multi = tuple(schema.multi_hot_mask())
     jobs: list[tuple] = [  # (function, *arguments) per job, one list per stage
-        (count.count_group, plan, spans[bounds[g] : bounds[g + 1]], groups[g])
+        (count.count_group, plan, spans[bounds[g] : bounds[g + 1]], groups[g], multi, std)
         for g in range(n_groups)
     ]
     with _bar(len(spans), "count", "part", progress) as bar:
         results = runner.map(star, jobs, done=lambda r: bar.update(len(r[0])))
-    split_rows = [rows for group_rows, _ in results for rows in group_rows]
-    timings.add({"count": sum(secs for _, secs in results)})
+    split_rows = [rows for group_rows, _, _ in results for rows in group_rows]
+    timings.add({"count": sum(secs for _, secs, _ in results)})
+    for k, i in enumerate(std):
+        total = results[0][2][k]
+        for r in results[1:]:
+            total = moments.add(total, r[2][k])
+        schema.moments[schema.dense[i]] = moments.mean_std(total)
+    n_sparse = len(schema.sparse)
     buckets = n_groups
     merged = [
-        [str(work / f"merged-{j:02d}-{b:04d}") for b in range(buckets)] for j in range(NUM_SPARSE)
+        [str(work / f"merged-{j:02d}-{b:04d}") for b in range(buckets)] for j in range(n_sparse)
     ]
     jobs = [
-        (count.merge_bucket, j, b, buckets, groups, merged[j][b])
-        for j in range(NUM_SPARSE)
+        (count.merge_bucket, j, b, buckets, groups, merged[j][b], schema.id_high)
+        for j in range(n_sparse)
         for b in range(buckets)
     ]
     timings.add({"merge": sum(runner.map(star, jobs))})
-    prefixes = [count.feature_prefix(work, j) for j in range(NUM_SPARSE)]
+    prefixes = [count.feature_prefix(work, j) for j in range(n_sparse)]
     jobs = [
-        (count.rank, j, merged[j], int(cfg.min_count), int(cfg.hash_modulus), prefixes[j])
-        for j in range(NUM_SPARSE)
+        (count.rank, j, merged[j], int(cfg.min_count), schema.hashes[j], prefixes[j])
+        for j in range(n_sparse)
     ]
     ranked = runner.map(star, jobs)
     timings.add({"rank": sum(r.seconds for r in ranked)})
-    stats = {name: count.load_stats(prefixes[j], ranked[j]) for j, name in enumerate(SPARSE_NAMES)}
+    stats = {name: count.load_stats(prefixes[j], ranked[j]) for j, name in enumerate(schema.sparse)}
     return split_rows, stats
 
 
@@ -235,11 +253,12 @@ def _encode_job(
     job: encode.ShardJob,
     root: Path,
     write: Callable,
+    schema: Schema,
 ) -> dict[str, float]:
     enc = _ENCODER.get(tables)
     if enc is None:
         _ENCODER.clear()
-        enc = _ENCODER[tables] = encode.Encoder(list(tables), list(sizes))
+        enc = _ENCODER[tables] = encode.Encoder(list(tables), list(sizes), schema)
     return enc.shard(job, root, write)
 
 
@@ -254,11 +273,12 @@ def _encode(
     write: Callable,
     timings: Timings,
     progress: bool,
+    schema: Schema,
 ) -> dict[str, SplitInfo]:
     shard_jobs = encode.plan_shards([s.prefix for s in spans], split_rows, int(cfg.rows_per_shard))
-    tables = tuple(f"{count.feature_prefix(work, j)}.table" for j in range(NUM_SPARSE))
+    tables = tuple(f"{count.feature_prefix(work, j)}.table" for j in range(len(schema.sparse)))
     flat = [job for split in SPLITS for job in shard_jobs[split]]
-    jobs = [(_encode_job, tables, tuple(table_sizes), job, root, write) for job in flat]
+    jobs = [(_encode_job, tables, tuple(table_sizes), job, root, write, schema) for job in flat]
     rows = [j.rows for j in runner.mine(flat)]
     with _bar(sum(rows), "encode", "row", progress) as bar:
         done = iter(rows)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..format import NUM_SPARSE, SPLITS
 from ..stats import FeatureStats, IdCounter, rank_feature, sum_by_id
-from . import idtable
+from . import idtable, moments
 from .parse import load_column
 from .splits import SplitPlan
 
@@ -42,45 +42,66 @@ def split_rows(plan: SplitPlan, span: PartSpan) -> list[int]:
     return [int(n) for n in np.bincount(codes, minlength=len(SPLITS))]
 
 
-def count_group(plan: SplitPlan, spans: list[PartSpan], out: str) -> tuple[list[list[int]], float]:
-    """Count the training ids of a group of parts; write ``out.f{j}.{ids,counts}.npy`` per feature.
-    Returns each part's rows per split and the seconds spent."""
+def count_group(
+    plan: SplitPlan,
+    spans: list[PartSpan],
+    out: str,
+    multi: tuple[bool, ...] = (False,) * NUM_SPARSE,
+    standardize: tuple[int, ...] = (),
+) -> tuple[list[list[int]], float, list[moments.Sums]]:
+    """Count the training ids of a group of parts (``multi[j]``: feature j is multi-hot, every
+    list element counts); write ``out.f{j}.{ids,counts}.npy`` per feature.  Returns each part's
+    rows per split, the seconds spent and the exact sums of the ``standardize`` dense columns
+    (indices) over the training rows."""
     t0 = time.process_time()
-    counters = [IdCounter() for _ in range(NUM_SPARSE)]
+    counters = [IdCounter() for _ in multi]
+    sums = [moments.exact_sums(np.empty(0, np.float32)) for _ in standardize]
     rows = []
     for span in spans:
         per_split = split_rows(plan, span)
         rows.append(per_split)
         n_train = per_split[0]
         if n_train:
+            dense = load_column(span.prefix, "dense")
+            for k, i in enumerate(standardize):
+                sums[k] = moments.add(sums[k], moments.exact_sums(dense[i, :n_train]))
             ids = load_column(span.prefix, "ids")[:, :n_train]
             for j, c in enumerate(counters):
-                c.add(np.asarray(ids[j]))
+                c.add(list_values(span.prefix, j, 0, n_train) if multi[j] else np.asarray(ids[j]))
     for j, c in enumerate(counters):
         ids, counts = c.result()
         np.save(f"{out}.f{j:02d}.ids.npy", ids)
         np.save(f"{out}.f{j:02d}.counts.npy", counts)
-    return rows, time.process_time() - t0
+    return rows, time.process_time() - t0, sums
+
+
+def list_values(prefix: str, j: int, start: int, stop: int) -> np.ndarray:
+    """Multi-hot feature j's values of a part's rows [start, stop)."""
+    offsets = load_column(prefix, f"mh{j:02d}.offsets")
+    return np.asarray(load_column(prefix, f"mh{j:02d}.values")[offsets[start] : offsets[stop]])
 
 
 # Partial counts are cut into buckets by id value, so merging one bucket holds ~1/buckets of every
 # group's partial: a merge job's memory stays ~ distinct ids x 16 B whatever the number of groups.
-_ID_LOW, _ID_HIGH = -1, 1 << 32  # MISSING_ID .. the largest 8-hex-digit id
+_ID_LOW = -1  # MISSING_ID; the high end is the schema's id_high (Criteo: 8 hex digits)
 
 
-def bucket_bounds(buckets: int) -> np.ndarray:
+def bucket_bounds(buckets: int, id_high: int = 1 << 32) -> np.ndarray:
     """Id values where buckets start (evenly spaced: ids are hashes)."""
-    return np.linspace(_ID_LOW, _ID_HIGH, buckets + 1).astype(np.int64)[1:-1]
+    return np.linspace(_ID_LOW, id_high, buckets + 1)[1:-1].astype(np.int64)
 
 
-def merge_bucket(j: int, b: int, buckets: int, groups: list[str], out: str) -> float:
+def merge_bucket(
+    j: int, b: int, buckets: int, groups: list[str], out: str, id_high: int = 1 << 32
+) -> float:
     """Sum every group's counts of feature j's ids in bucket b; writes ``out`` (sorted ids)."""
     t0 = time.process_time()
-    bounds = np.concatenate(([_ID_LOW], bucket_bounds(buckets), [_ID_HIGH + 1]))
+    inner = bucket_bounds(buckets, id_high)
     ids_parts, count_parts = [], []
     for g in groups:
         ids = np.load(f"{g}.f{j:02d}.ids.npy", mmap_mode="r")
-        lo, hi = np.searchsorted(ids, bounds[b : b + 2])
+        lo = int(np.searchsorted(ids, inner[b - 1])) if b > 0 else 0
+        hi = int(np.searchsorted(ids, inner[b])) if b < buckets - 1 else len(ids)
         ids_parts.append(np.asarray(ids[lo:hi]))
         count_parts.append(np.asarray(np.load(f"{g}.f{j:02d}.counts.npy", mmap_mode="r")[lo:hi]))
     ids, counts = sum_by_id(np.concatenate(ids_parts), np.concatenate(count_parts))

@@ -17,7 +17,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..format import DENSE_NAMES, LABEL, NUM_SPARSE, SPARSE_NAMES, SPLITS
+from ..format import LABEL, SPLITS
+from ..schema import Schema
+from ..tabular import standardized
+from .count import list_values
+from .errors import PreprocessError
 from .idtable import IdTable
 from .parse import load_column
 
@@ -67,11 +71,14 @@ def plan_shards(
 
 
 class Encoder:
-    """The features' id -> row tables of one dataset (memory-mapped once per worker)."""
+    """The features' id -> row tables of one dataset (memory-mapped once per worker), and the
+    schema's column names, multi-hot features and standardize moments."""
 
-    def __init__(self, tables: list[str], table_sizes: list[int]) -> None:
+    def __init__(self, tables: list[str], table_sizes: list[int], schema: Schema) -> None:
         self.tables = [IdTable(t, n - 1) for t, n in zip(tables, table_sizes)]
         self.dtype = np.dtype(np.int64 if max(table_sizes) > np.iinfo(np.int32).max else np.int32)
+        self.schema = schema
+        self.multi = schema.multi_hot_mask()
 
     def shard(
         self, job: ShardJob, root: Path, write: Callable[[pa.Table, Path], None]
@@ -83,12 +90,41 @@ class Encoder:
             arrs = [load_column(p.prefix, name)[..., p.start : p.stop] for p in job.pieces]
             cols[name] = np.concatenate(arrs, axis=-1) if len(arrs) > 1 else np.array(arrs[0])
         t1 = time.process_time()
-        rows = np.empty((NUM_SPARSE, job.rows), dtype=self.dtype)
-        for j, table in enumerate(self.tables):
-            table.lookup(cols["ids"][j], rows[j])
+        s = self.schema
         table_cols = {LABEL: pa.array(cols["label"])}
-        table_cols.update({n: pa.array(cols["dense"][i]) for i, n in enumerate(DENSE_NAMES)})
-        table_cols.update({n: pa.array(rows[j]) for j, n in enumerate(SPARSE_NAMES)})
+        for i, name in enumerate(s.dense):
+            table_cols[name] = pa.array(self._dense(name, cols["dense"][i]))
+        for j, (name, table) in enumerate(zip(s.sparse, self.tables)):
+            table_cols[name] = self._list(job, j, table) if self.multi[j] else self._one(cols, j)
         t2 = time.process_time()
         write(pa.table(table_cols), root / job.rel)
         return {"read": t1 - t0, "encode": t2 - t1, "write": time.process_time() - t2}
+
+    def _one(self, cols: dict, j: int) -> pa.Array:
+        rows = np.empty(cols["ids"].shape[1], dtype=self.dtype)
+        self.tables[j].lookup(cols["ids"][j], rows)
+        return pa.array(rows)
+
+    def _list(self, job: ShardJob, j: int, table: IdTable) -> pa.Array:
+        """Feature j's lists of the job's rows: list<int32> (int64 like scalar columns)."""
+        values = [list_values(p.prefix, j, p.start, p.stop) for p in job.pieces]
+        lengths = [
+            np.diff(load_column(p.prefix, f"mh{j:02d}.offsets")[p.start : p.stop + 1])
+            for p in job.pieces
+        ]
+        ids = np.concatenate(values) if values else np.empty(0, np.int64)
+        if len(ids) > np.iinfo(np.int32).max:  # a parquet list's offsets are int32
+            raise PreprocessError(
+                f"{job.rel}: {len(ids):,} ids of {self.schema.sparse[j]} in one shard; "
+                "lower rows_per_shard"
+            )
+        rows = np.empty(len(ids), dtype=self.dtype)
+        table.lookup(ids, rows)
+        offsets = np.concatenate(([0], np.cumsum(np.concatenate(lengths)))).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(rows))
+
+    def _dense(self, name: str, x: np.ndarray) -> np.ndarray:
+        """A ``standardize`` column's (x - mean) / std (float64, then float32); others as parsed."""
+        if name not in self.schema.moments:
+            return x
+        return standardized(x, self.schema.moments[name])

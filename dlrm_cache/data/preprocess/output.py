@@ -20,6 +20,7 @@ from .. import criteo
 from ..files import recover_dir
 from ..format import MANIFEST, Manifest
 from ..reuse import compare, remove_stale
+from ..schema import SCHEMA_FILE, Schema
 from .errors import PreprocessError
 from .sources import fingerprint
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .workers import Runner
 
 SETTINGS = "preprocess.json"  # inputs + settings of the build, compared on re-runs
-_OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS}
+_OWN_ENTRIES = {"train", "val", "test", "stats", MANIFEST, SETTINGS, SCHEMA_FILE}
 # Settings that cannot change the output (acceptance of a line is a property of the line alone, so
 # chunk_bytes is one of them; the output is the same for every worker count).  Every other setting
 # is recorded and compared on re-runs, so a setting added later counts as changing the output
@@ -50,10 +51,14 @@ _NOT_OUTPUT_KEYS = frozenset(
 )
 
 
-def settings(cfg: Any, files: list[Path]) -> dict[str, Any]:
+def settings(cfg: Any, files: list[Path], schema: Schema) -> dict[str, Any]:
     """What the output is a function of: the inputs' fingerprints and the settings that
-    change it."""
+    change it (the resolved schema, unless it is the default Criteo one: such a record is the
+    same as before schemas existed, so those datasets are reused)."""
     d = config_dict(cfg)
+    d.pop("schema", None)
+    if not schema.is_default:
+        d["schema"] = schema.record()
     return {
         "inputs": [fingerprint(p) for p in files],
         "line_policy": criteo.LINE_POLICY_VERSION,

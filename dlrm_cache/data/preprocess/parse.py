@@ -20,13 +20,22 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import criteo, rawtext
+from .. import criteo, rawtext, tabular
 from ..format import MISSING_ID
+from ..schema import Schema
 from .sources import Task
 
 COLUMNS = ("label", "dense", "ids", "lines")
 # Bad lines per reason, as small codes in the part record (messages keep the reason's text).
-REASONS = (criteo.BAD_LONG, criteo.BAD_FIELDS, criteo.BAD_LABEL, criteo.BAD_INT, criteo.BAD_HEX)
+REASONS = (
+    criteo.BAD_LONG,
+    criteo.BAD_FIELDS,
+    criteo.BAD_LABEL,
+    criteo.BAD_INT,
+    criteo.BAD_HEX,
+    tabular.BAD_NUMBER,
+    tabular.BAD_LIST,
+)
 
 
 @dataclass
@@ -45,9 +54,22 @@ class Part:
     details: dict[int, str] = field(default_factory=dict)  # part-local line -> "reason (detail)"
 
 
-def ids_dtype(hash_modulus: int) -> np.dtype:
-    """Hashed ids fit int32 when the modulus does (the empty value stays MISSING_ID = -1)."""
-    return np.dtype(np.int32 if 0 < hash_modulus <= np.iinfo(np.int32).max else np.int64)
+def ids_dtype(hash_modulus: int | list[int]) -> np.dtype:
+    """Hashed ids fit int32 when every modulus does (the empty value stays MISSING_ID = -1)."""
+    moduli = hash_modulus if isinstance(hash_modulus, list) else [hash_modulus]
+    fits = all(0 < m <= np.iinfo(np.int32).max for m in moduli)
+    return np.dtype(np.int32 if fits else np.int64)
+
+
+def hash_features(parsed: criteo.Parsed, s: Schema) -> None:
+    """Every feature's ids (and list values) mod its column's modulus, in place."""
+    dtype = ids_dtype(s.hashes)
+    ids = np.empty(parsed.ids.shape, dtype=dtype)
+    for j, m in enumerate(s.hashes):
+        ids[j] = hash_ids(parsed.ids[j], m)
+    parsed.ids = ids
+    for j, (values, offsets) in parsed.lists.items():
+        parsed.lists[j] = (hash_ids(values, s.hashes[j]).astype(dtype), offsets)
 
 
 def hash_ids(ids: np.ndarray, modulus: int) -> np.ndarray:
@@ -60,6 +82,24 @@ def hash_ids(ids: np.ndarray, modulus: int) -> np.ndarray:
 def load_column(prefix: str, name: str) -> np.ndarray:
     """One column of a part, memory-mapped (read-only)."""
     return np.load(f"{prefix}.{name}.npy", mmap_mode="r")
+
+
+def _parsed(task: Task, chunk_bytes: int, s: Schema) -> Iterator[tuple[criteo.Parsed, int, int]]:
+    """(block parsed with task-local line 0 first, its first task-local line, its lines)."""
+    if s.format == "parquet":
+        for table, first in tabular.iter_parquet(task.path, max(1, chunk_bytes // 256), s):
+            try:
+                yield tabular.parse_parquet(table, 0, s), first, table.num_rows
+            except rawtext.InputError as e:  # a column of the wrong type: name the file
+                raise rawtext.InputError(f"{task.path}: {e}") from None
+        return
+    for data, first, at_start in _blocks(task, chunk_bytes):
+        n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
+        if s.fast:
+            parsed = criteo.parse_block(data, 0, n_lines, at_file_start=at_start)
+        else:
+            parsed = tabular.parse_text(data, 0, at_start, s)
+        yield parsed, first, n_lines
 
 
 def _blocks(task: Task, chunk_bytes: int) -> Iterator[tuple[bytes, int, bool]]:
@@ -80,34 +120,36 @@ def _blocks(task: Task, chunk_bytes: int) -> Iterator[tuple[bytes, int, bool]]:
 
 
 def parse_task(
-    task: Task, chunk_bytes: int, hash_modulus: int, work: str, max_details: int
+    task: Task, chunk_bytes: int, schema: Schema, work: str, max_details: int
 ) -> tuple[list[Part], dict[str, float]]:
     """Parse one task into parts on disk; returns the parts and the seconds spent per stage.
 
     ``max_details``: the messages kept per part (the first ones, plus the first of each reason):
-    enough for any report the parent prints, whatever the count of bad lines.
+    enough for any report the parent prints, whatever the count of bad lines.  A multi-hot
+    feature j also gets ``mh{j}.values`` and ``mh{j}.offsets`` ((n + 1,) int64 from 0).
     """
     parts: list[Part] = []
     secs = {"parse": 0.0, "stage": 0.0}
-    for k, (data, first, at_start) in enumerate(_blocks(task, chunk_bytes)):
-        t0 = time.process_time()
-        n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
-        parsed = criteo.parse_block(data, 0, n_lines, at_file_start=at_start)
-        del data
-        ids = hash_ids(parsed.ids, hash_modulus)
+    blocks = _parsed(task, chunk_bytes, schema)
+    t0 = time.process_time()
+    for k, (parsed, first, n_lines) in enumerate(blocks):
+        hash_features(parsed, schema)
         t1 = time.process_time()
         prefix = str(Path(work) / f"part-{task.index:06d}-{k:05d}")
         cols = {
             "label": parsed.label,
             "dense": parsed.dense,
-            "ids": ids,
+            "ids": parsed.ids,
             "lines": parsed.lines.astype(np.int32),
         }
+        for j, (values, offsets) in parsed.lists.items():
+            cols[f"mh{j:02d}.values"], cols[f"mh{j:02d}.offsets"] = values, offsets
         for name, arr in cols.items():
             np.save(f"{prefix}.{name}.npy", np.ascontiguousarray(arr))
         secs["stage"] += time.process_time() - t1
         secs["parse"] += t1 - t0
         parts.append(_part(task, k, prefix, first, n_lines, len(parsed.label), parsed, max_details))
+        t0 = time.process_time()
     return parts, secs
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import rawtext
+from .. import criteo, rawtext
 from .errors import PreprocessError
 
 _FINGERPRINT_BYTES = 1 << 20
@@ -32,8 +32,9 @@ class Task:
     size: int  # bytes of the file this task covers (for the progress bar)
 
 
-def find_sources(inp: Path) -> list[Path]:
-    """A file, or a directory's day_N[.gz] files in numeric order (else its train.txt[.gz])."""
+def find_sources(inp: Path, suffix: str = "") -> list[Path]:
+    """A file, or a directory's day_N[.gz] files in numeric order (else, with ``suffix``, e.g.
+    ".csv", its files named *.csv[.gz] in name order; else its train.txt[.gz])."""
     if inp.is_file():
         return [inp.resolve()]
     if not inp.exists():
@@ -43,14 +44,24 @@ def find_sources(inp: Path) -> list[Path]:
     days = sorted(
         (int(m.group(1)), p)
         for p in inp.iterdir()
-        if (m := rawtext.DAY_FILE.match(p.name)) and p.is_file()
+        if (m := criteo.DAY_FILE.match(p.name)) and p.is_file()
     )
     if days:
         return [p.resolve() for _, p in days]
+    named = sorted(
+        p
+        for p in inp.iterdir()
+        if suffix
+        and p.name.endswith((suffix, f"{suffix}.gz" if suffix != ".parquet" else suffix))
+        and p.is_file()
+    )
+    if named:
+        return [p.resolve() for p in named]
     for name in ("train.txt", "train.txt.gz"):
         if (inp / name).is_file():
             return [(inp / name).resolve()]
-    raise PreprocessError(f"input {inp}: no day_N[.gz] or train.txt[.gz] files in it")
+    also = f" or *{suffix}" if suffix else ""
+    raise PreprocessError(f"input {inp}: no day_N[.gz]{also} or train.txt[.gz] files in it")
 
 
 def fingerprint(path: Path) -> dict[str, Any]:
@@ -106,21 +117,21 @@ def select_files(cfg: Any, inp: Path, sources: list[Path]) -> tuple[list[Path], 
 
 
 def _source_key(p: Path) -> tuple:
-    m = rawtext.DAY_FILE.match(p.name)
+    m = criteo.DAY_FILE.match(p.name)
     return (0, int(m.group(1)), str(p)) if m else (1, 0, str(p))
 
 
 MIN_TASK_BYTES = 64 << 10  # a task's fixed costs (a job, its files) stay small next to parsing
 
 
-def plan_tasks(files: list[Path], chunk_bytes: int) -> list[Task]:
+def plan_tasks(files: list[Path], chunk_bytes: int, whole: bool = False) -> list[Task]:
     """The read order cut into tasks: byte ranges of max(chunk_bytes, MIN_TASK_BYTES) of plain
-    files, whole gzip files."""
+    files, whole gzip files (``whole``: every file whole, e.g. parquet)."""
     task_bytes = max(chunk_bytes, MIN_TASK_BYTES)
     tasks: list[Task] = []
     for i, p in enumerate(files):
         size = p.stat().st_size
-        if rawtext.is_gzip(p) or size <= task_bytes:
+        if whole or rawtext.is_gzip(p) or size <= task_bytes:
             tasks.append(Task(len(tasks), i, str(p), 0, None, size))
             continue
         for s in range(0, size, task_bytes):
