@@ -55,6 +55,17 @@ class Interaction(Choice):
     dcn = "dcn"
 
 
+class Pooling(Choice):
+    """How a feature's ids in one sample become one vector (its *bag*: one id when one-hot).
+
+    sum: the sum of their rows.  mean: that sum divided by the number of ids of the bag; an
+    empty bag pools to 0, as fbgemm's and torchrec's MEAN pooling do.
+    """
+
+    sum = "sum"
+    mean = "mean"
+
+
 class Precision(Choice):
     """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
 

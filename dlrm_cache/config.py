@@ -27,6 +27,7 @@ from .choices import (
     CachePolicy,
     DenseOptimName,
     Interaction,
+    Pooling,
     Precision,
     SparseOptimName,
     UvmAlgorithm,
@@ -66,6 +67,8 @@ class ModelConfig:
     interaction: Interaction = Interaction.dot  # dot: DLRM's pairwise dots; dcn: DCN-v2 cross net
     dcn_num_layers: int = checked(3, ge=1)  # interaction=dcn: cross layers
     dcn_low_rank_dim: int = checked(512, ge=1)  # interaction=dcn: rank of each layer's cross matrix
+    # a sample's ids of one feature pooled by: sum, or mean (the sum over their number; 0 ids: 0)
+    pooling: Pooling = Pooling.sum
 
 
 @dataclass

@@ -328,6 +328,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         precision=cfg.precision,
         compile=cfg.compile,
         cross=cross_shape(cfg.model),
+        pooling=cfg.model.pooling,
     )
     set_matmul_precision(cfg.precision, device)
     opt = build_dense_optimizer(cfg, model.dense_parameters(), device)
