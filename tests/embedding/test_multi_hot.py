@@ -19,8 +19,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrm_cache.choices import Pooling
 from dlrm_cache.embedding.base import SparseOptim, TableSpec
 from dlrm_cache.embedding.direct import HostBackend
-from dlrm_cache.embedding.freq_cache import FreqCacheBackend
-from dlrm_cache.parallel.placement import Shard
+from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table
+from dlrm_cache.embedding.freq_cache.layout import cache_layout
+from dlrm_cache.parallel.placement import Shard, plan_placement
 from dlrm_cache.parallel.sharded import ShardedEmbeddings
 from dlrm_cache.trained import FrozenTables
 
@@ -222,3 +223,77 @@ def test_row_sharded_multi_hot_equals_one_process(pooling: Pooling):
             torch.testing.assert_close(
                 got[s.rank]["tables"][f"{s.name}.{f}"], want[f"{s.table}.{f}"][s.lo : s.hi], **TOL
             )
+
+
+def test_plan_sizes_the_window_and_predicts_hit_rates_for_every_id_of_a_list():
+    """Counts of a multi-hot table add up to ``ids per sample`` times the samples counted: the
+    window holds ``lookahead + 1`` batches of that many ids per sample (an independent sample
+    of windows stays under the estimate), the backend builds that layout, and ``plan``'s hit
+    rate is what the cache measures on such batches."""
+    rows, hot, samples, batch, lookahead = [5000, 800], [1, 6], 10**6, 256, 2
+    counts = {
+        f"C{t + 1}": np.round(zipf_probs(n, 1.05) * samples * h).astype(np.int64)
+        for t, (n, h) in enumerate(zip(rows, hot))
+    }
+    ratio = 0.03
+    plan = plan_table(counts, [ratio], 0.5, lookahead, batch, samples)[0]
+    rng = np.random.default_rng(0)
+    probs = [c / c.sum() for c in counts.values()]
+    static = cache_layout(rows, ratio, 0.5, list(counts.values())).static_rows
+    seen = []
+    for _ in range(50):
+        draws = [
+            rng.choice(n, (lookahead + 1) * batch * h, p=p) for n, h, p in zip(rows, hot, probs)
+        ]
+        seen.append(sum(np.unique(d[d >= s]).size for d, s in zip(draws, static)))
+    assert max(seen) <= plan["window_needed"]
+    assert plan["window_rows"] >= plan["window_needed"]
+    # one id per sample (what the counts alone would suggest) undersizes the window
+    one_hot = plan_table(counts, [ratio], 0.5, lookahead, batch)[0]
+    assert one_hot["window_needed"] < min(seen)
+
+    tables = [TableSpec(name, n, 4) for name, n in zip(counts, rows)]
+    cache = FreqCacheBackend(
+        tables,
+        SparseOptim("sgd"),
+        device="cpu",
+        cache_ratio=ratio,
+        lookahead=lookahead,
+        counts=counts,
+        batch_size=batch,
+        counted_samples=samples,
+    )
+    assert cache.layout_stats()["cache_rows"] == plan["cache_rows"]
+    batches = []
+    for _ in range(60):
+        ids = [rng.choice(n, batch * h, p=p) for n, h, p in zip(rows, hot, probs)]
+        lengths = np.repeat(hot, batch)
+        batches.append(
+            KeyedJaggedTensor.from_lengths_sync(
+                list(counts), torch.from_numpy(np.concatenate(ids)), torch.from_numpy(lengths)
+            )
+        )
+    with torch.no_grad():
+        for i, b in enumerate(batches):
+            cache.prefetch(b)
+            if i >= lookahead:
+                cache(batches[i - lookahead])
+            if i == 20:
+                cache.reset_stats()  # cold start excluded
+    stats = cache.stats()
+    assert stats["accesses/C2"] == 6 * stats["accesses/C1"]
+    assert stats.get("overflow_batches", 0) == stats.get("deferred_batches", 0) == 0
+    assert abs(stats["hit_rate"] - plan["hit_rate"]) < 0.01, (stats["hit_rate"], plan)
+
+
+def test_sharding_planner_weighs_a_multi_hot_table_by_its_ids():
+    """A table looked up 10 times per sample is 10 one-hot tables' work: it gets a rank alone."""
+    tables = [TableSpec("A", 4000, 4), TableSpec("B", 3000, 4), TableSpec("C", 3500, 4)]
+    samples = 10**5
+    counts = {
+        t.name: np.round(zipf_probs(t.num_rows) * samples * h).astype(np.int64)
+        for t, h in zip(tables, [1, 1, 10])
+    }
+    placement = plan_placement(tables, 2, SparseOptim("sgd"), 1e12, 0.05, counts)
+    rank_of = {s.table: s.rank for s in placement.shards}
+    assert rank_of["A"] == rank_of["B"] != rank_of["C"], rank_of
