@@ -66,6 +66,14 @@ class Pooling(Choice):
     mean = "mean"
 
 
+class Hotness(Choice):
+    """Ids per sample and table of the bench's generated batches: one (Criteo one-hot), or
+    mlperf (MLPerf DLRM v2's multi-hot sizes, ``data.format.MLPERF_MULTI_HOT_SIZES``)."""
+
+    one = "one"
+    mlperf = "mlperf"
+
+
 class Precision(Choice):
     """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
 

@@ -26,6 +26,7 @@ from .choices import (
     BenchKind,
     CachePolicy,
     DenseOptimName,
+    Hotness,
     Interaction,
     Pooling,
     Precision,
@@ -268,6 +269,9 @@ class BenchConfig:
     embedding_dim: int = checked(128, ge=1, multiple_of=DIM_MULTIPLE)
     batch_size: int = checked(2048, ge=1)  # samples per step
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
+    # ids per sample and table: one, or mlperf (MLPerf DLRM v2's multi-hot sizes, cycled over
+    # the tables; ~213 ids per sample: 3.5M per batch of 16384)
+    hotness: Hotness = Hotness.one
     bottom_mlp: list[int] = checked(
         factory=lambda: [512, 256], ge=1
     )  # train kind: as model.bottom_mlp
