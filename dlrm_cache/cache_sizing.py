@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from .data.files import atomic_write_text
 from .data.format import Manifest
-from .data.stats import load_counts
+from .data.stats import counted_samples, load_counts
 from .embedding.base import SparseOptim
 from .embedding.freq_cache.layout import plan_table
 from .train.metrics import format_table
@@ -50,7 +50,14 @@ def plan(cfg: DictConfig) -> list[dict]:
     data = Path(cfg.data.path)
     manifest = Manifest.load(data, key="data.path")
     counts = load_counts(data)
-    rows = plan_table(counts, list(cfg.ratios), emb.static_fraction, emb.lookahead, emb.batch_size)
+    rows = plan_table(
+        counts,
+        list(cfg.ratios),
+        emb.static_fraction,
+        emb.lookahead,
+        emb.batch_size,
+        counted_samples(manifest),
+    )
     dim = cfg.model.embedding_dim
     bytes_per_row = SparseOptim("rowwise_adagrad").row_bytes(dim)
     total_rows = sum(manifest.table_sizes)

@@ -55,6 +55,25 @@ class Interaction(Choice):
     dcn = "dcn"
 
 
+class Pooling(Choice):
+    """How a feature's ids in one sample become one vector (its *bag*: one id when one-hot).
+
+    sum: the sum of their rows.  mean: that sum divided by the number of ids of the bag; an
+    empty bag pools to 0, as fbgemm's and torchrec's MEAN pooling do.
+    """
+
+    sum = "sum"
+    mean = "mean"
+
+
+class Hotness(Choice):
+    """Ids per sample and table of the bench's generated batches: one (Criteo one-hot), or
+    mlperf (MLPerf DLRM v2's multi-hot sizes, ``data.format.MLPERF_MULTI_HOT_SIZES``)."""
+
+    one = "one"
+    mlperf = "mlperf"
+
+
 class Precision(Choice):
     """Arithmetic of the dense part (MLPs, interaction); weights and optimizer state stay fp32.
 

@@ -26,7 +26,9 @@ from .choices import (
     BenchKind,
     CachePolicy,
     DenseOptimName,
+    Hotness,
     Interaction,
+    Pooling,
     Precision,
     SparseOptimName,
     UvmAlgorithm,
@@ -66,6 +68,8 @@ class ModelConfig:
     interaction: Interaction = Interaction.dot  # dot: DLRM's pairwise dots; dcn: DCN-v2 cross net
     dcn_num_layers: int = checked(3, ge=1)  # interaction=dcn: cross layers
     dcn_low_rank_dim: int = checked(512, ge=1)  # interaction=dcn: rank of each layer's cross matrix
+    # a sample's ids of one feature pooled by: sum, or mean (the sum over their number; 0 ids: 0)
+    pooling: Pooling = Pooling.sum
 
 
 @dataclass
@@ -265,6 +269,9 @@ class BenchConfig:
     embedding_dim: int = checked(128, ge=1, multiple_of=DIM_MULTIPLE)
     batch_size: int = checked(2048, ge=1)  # samples per step
     zipf_alpha: float = checked(1.05, ge=0)  # id popularity ~ (rank + 1) ** -alpha
+    # ids per sample and table: one, or mlperf (MLPerf DLRM v2's multi-hot sizes, cycled over
+    # the tables; ~213 ids per sample: 3.5M per batch of 16384)
+    hotness: Hotness = Hotness.one
     bottom_mlp: list[int] = checked(
         factory=lambda: [512, 256], ge=1
     )  # train kind: as model.bottom_mlp

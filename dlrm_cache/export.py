@@ -4,8 +4,8 @@ inference and serving tools.
 The output directory holds
 
 * ``state_dict.pt``: a state dict that ``torchrec.models.dlrm.DLRM`` built with an
-  ``EmbeddingBagCollection`` of one table per feature (named after the feature, sum pooling) loads
-  with ``strict=True``; plain tensors, so ``torch.load(..., weights_only=True)`` reads it;
+  ``EmbeddingBagCollection`` of one table per feature (named after the feature, pooled by the run's
+  ``model.pooling``: torchrec's ``PoolingType.SUM`` or ``MEAN``) loads with ``strict=True``; plain tensors, so ``torch.load(..., weights_only=True)`` reads it;
 * ``dlrm.json``: the constructor arguments (``dense_in_features``, ``dense_arch_layer_sizes``,
   ``over_arch_layer_sizes``, the tables as ``EmbeddingBagConfig`` fields) and what the inputs are
   (feature order, dense transform, ids as frequency ranks of the named dataset).
@@ -55,7 +55,7 @@ def constructor_args(trained: Trained) -> dict[str, Any]:
                     "embedding_dim": dim,
                     "num_embeddings": rows,
                     "feature_names": [name],
-                    "pooling": "SUM",
+                    "pooling": trained.pooling().value.upper(),
                 }
                 for name, rows in zip(m.sparse_names, m.table_sizes)
             ],
@@ -176,7 +176,8 @@ def _export(cfg: Any) -> Path:
             "dense_features": trained.manifest.dense_names,
             "dense_transform": "log(1 + max(x, 0)), an empty field as 0 (as dlrm-cache preprocess)",
             "sparse_features": trained.manifest.sparse_names,
-            "ids": "rows of the dataset's frequency ranking (preprocess), one per feature",
+            "ids": "rows of the dataset's frequency ranking (preprocess), any number per sample "
+            "and feature (a jagged KeyedJaggedTensor), pooled as the tables' pooling says",
             "dataset": str(trained.data_path),
             "stats_digest": trained.manifest.stats_digest,
             "hash_modulus": trained.manifest.hash_modulus,

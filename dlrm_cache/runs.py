@@ -174,7 +174,8 @@ def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
     """`dlrm-cache plan`'s hit rate for each run with a cache_ratio, for the cache that run had (its
     look-ahead window sized for its batch size); None: no cache, or no stats."""
     from .config import FreqCacheEmbeddingConfig
-    from .data.stats import load_counts
+    from .data.format import Manifest
+    from .data.stats import counted_samples, load_counts
     from .embedding.freq_cache.layout import plan_table
 
     embs = [r.config.get("embedding", {}) for r in runs]
@@ -182,6 +183,7 @@ def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
     if data is None or all(e.get("cache_ratio") is None for e in embs):
         return [None] * len(runs)
     counts = load_counts(data)
+    samples = counted_samples(Manifest.load(data))
     d = (
         FreqCacheEmbeddingConfig()
     )  # a key a run's config lacks (uvm_cache, older runs): the default
@@ -192,6 +194,7 @@ def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
             e.get("static_fraction", d.static_fraction),
             e.get("lookahead", d.lookahead),
             e.get("batch_size", d.batch_size),
+            samples,
         )[0]["hit_rate"]
         if e.get("cache_ratio")
         else None

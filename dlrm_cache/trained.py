@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from .choices import Pooling
 from .config import Precision, flatten
 from .data.format import MANIFEST, Manifest
 from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
@@ -26,9 +27,12 @@ from .train.checkpoint import Checkpoint, find_checkpoint
 
 
 class FrozenTables(EmbeddingBackend):
-    """Read-only tables for inference: a sample's one id per feature selects its row.
+    """Read-only tables for inference, on the host: each sample's ids of a feature (any number,
+    0 included) select rows that are summed (the model's :meth:`~EmbeddingBackend.pool` takes
+    the mean where it pools by mean).
 
-    Pooling one row is that row, so the lookups equal every training placement's bit for bit.
+    Pooling one row is that row, so one-hot lookups equal every training placement's bit for
+    bit; a longer bag equals them up to float32 summation order.
     """
 
     def __init__(
@@ -44,15 +48,25 @@ class FrozenTables(EmbeddingBackend):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         b, f = features.stride(), len(self.weights)
-        values = features.values()
-        if values.numel() != b * f:
+        values = features.values().to("cpu", torch.long)
+        offsets = features.offsets().to("cpu", torch.long)
+        if offsets.numel() != b * f + 1:
             raise ValueError(
-                f"FrozenTables takes one id per sample and feature, got {values.numel()} ids "
-                f"for {b} samples of {f} features"
+                f"FrozenTables: a batch of {b} samples of {f} features needs {b * f + 1} "
+                f"offsets, got {offsets.numel()}"
             )
-        ids = values.view(f, b).to("cpu", torch.long)
-        rows = torch.cat([w.index_select(0, ids[j]) for j, w in enumerate(self.weights)], dim=1)
-        return pooled(features, rows.to(self.device), self.dim)
+        pooled_rows = [
+            self._bags(w, values, offsets[j * b : (j + 1) * b + 1])
+            for j, w in enumerate(self.weights)
+        ]
+        return pooled(features, torch.cat(pooled_rows, dim=1).to(self.device), self.dim)
+
+    @staticmethod
+    def _bags(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Per bag (``offsets``: its ``B + 1`` bounds in ``values``), the sum of its rows."""
+        lo = int(offsets[0])
+        ids = values[lo : int(offsets[-1])]
+        return torch.nn.functional.embedding_bag(ids, weight, offsets[:-1] - lo, mode="sum")
 
     def set_learning_rate(self, lr: float) -> None:
         raise RuntimeError("FrozenTables are read-only (inference)")
@@ -81,6 +95,10 @@ class Trained:
         """Full tables (memory-mapped where the checkpoint stores them whole)."""
         return self.checkpoint.tables([f"{t.name}.weight" for t in self.tables()])
 
+    def pooling(self) -> Pooling:
+        """The run's ``model.pooling`` (sum for runs made before the option existed)."""
+        return Pooling(self.config.get("model.pooling", Pooling.sum.value))
+
     def model(self, device: torch.device) -> DLRM:
         """The run's DLRM in eval mode, dense part on ``device``, tables on the host."""
         model = DLRM(
@@ -92,6 +110,7 @@ class Trained:
             device=device,
             precision=Precision(self.config.get("precision", "fp32")),
             cross=cross_shape(self.config, "model."),
+            pooling=self.pooling(),
         )
         model.load_dense_state_dict(self.checkpoint.dense["model"])
         return model.eval()

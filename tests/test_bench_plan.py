@@ -21,6 +21,7 @@ from dlrm_cache.config import (
     PlanConfig,
     Precision,
 )
+from dlrm_cache.data.format import SPARSE_NAMES
 from dlrm_cache.data.loader import OneIdPerSample
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
@@ -74,6 +75,21 @@ def test_bench_train_and_planning_kinds():
     assert all(r["ms_per_iter"] > 0 for r in res)
     res = bench(_cfg(kind="planning", cardinality_scale=0.0002, cache_ratios=[0.05]))
     assert res[0]["analyze_ms"] > 0 and res[0]["host_ms"] > 0 and 0 < res[0]["hit_rate"] <= 1
+
+
+def test_bench_mlperf_hotness_counts_every_id_of_the_lists():
+    """hotness=mlperf: each table carries MLPerf's ids per sample; the freq_cache counts every
+    one of them (accesses per table = batch x size x batches), host and freq_cache both train."""
+    from dlrm_cache.data.format import MLPERF_MULTI_HOT_SIZES
+
+    kw = dict(cardinality_scale=0.0002, hotness="mlperf", batch_size=16)
+    res = bench(_cfg(kind="embedding", **kw, num_tables=26, rows_per_table=300))
+    assert all(r["ms_per_iter"] > 0 for r in res)
+    cache = next(r for r in res if r["variant"].startswith("freq_cache"))
+    sizes = [cache["stats"][f"accesses/{n}"] for n in SPARSE_NAMES]
+    assert sizes == [16 * 3 * h for h in MLPERF_MULTI_HOT_SIZES]  # 3 timed batches
+    res = bench(_cfg(kind="planning", **kw, cache_ratios=[0.05]))
+    assert res[0]["stats"]["accesses"] == 16 * 3 * sum(MLPERF_MULTI_HOT_SIZES)
 
 
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):

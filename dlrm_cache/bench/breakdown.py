@@ -74,7 +74,7 @@ class PhaseClock:
 def split_step(model: DLRM, opt: torch.optim.Optimizer, batch: Batch, clock: PhaseClock) -> None:
     """One training step, phase by phase (the model in training mode, as in the trainer)."""
     clock.start()
-    pooled = model.embeddings(batch.sparse).values()
+    pooled = model.pooled(batch.sparse)
     clock.mark()
     leaf = pooled.detach().requires_grad_()
     loss = F.binary_cross_entropy_with_logits(model.dense_forward(batch.dense, leaf), batch.labels)

@@ -17,7 +17,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..data.format import NUM_DENSE
 from ..data.loader import OneIdPerSample
 from ..embedding.base import SparseOptim
-from .inputs import host_batches, sync
+from .inputs import COUNTED_SAMPLES, host_batches, sync
 from .syncs import HostSyncCounter
 
 
@@ -61,6 +61,7 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
                 policy=cfg.policy,
                 batch_size=cfg.batch_size,
                 planner_threads=threads,
+                counted_samples=COUNTED_SAMPLES,
             )
             r = _run(cfg, emb, host, device)
             r["variant"] = f"freq_cache {ratio:.1%} {cfg.policy} threads={emb.planner_threads}"

@@ -43,7 +43,7 @@ from ..embedding.base import DeviceUnavailable
 from ..parallel.dist import resolve_device
 from . import BenchFailed
 from .breakdown import format_breakdown
-from .inputs import bench_tables, init_device, make_batches, zipf_counts
+from .inputs import bench_tables, ids_per_sample, init_device, make_batches, zipf_counts
 from .loader import loader
 from .planning import planning
 from .preprocess import preprocess_bench
@@ -59,11 +59,15 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
         return _write_json(cfg, loader(cfg, device))
     tables = bench_tables(cfg)
     sizes = [t.num_rows for t in tables]
-    batches = make_batches(sizes, cfg.batch_size, cfg.distinct_batches, cfg.zipf_alpha, cfg.seed)
-    counts = zipf_counts(tables, cfg.zipf_alpha)
+    hot = ids_per_sample(cfg.hotness, len(tables))
+    batches = make_batches(
+        sizes, cfg.batch_size, cfg.distinct_batches, cfg.zipf_alpha, cfg.seed, hot
+    )
+    counts = zipf_counts(tables, cfg.zipf_alpha, hot)
     print(
         f"dlrm-cache bench kind={cfg.kind} device={device} tables={len(tables)} "
         f"rows={sum(sizes):,} dim={cfg.embedding_dim} batch={cfg.batch_size} "
+        f"hotness={cfg.hotness} ({sum(hot) * cfg.batch_size:,} ids per batch) "
         f"zipf_alpha={cfg.zipf_alpha} iters={cfg.iters}"
     )
     title = (

@@ -31,7 +31,7 @@ from ..train.optim import dense_optimizer
 from ..train.pipeline import Pipeline
 from ..train.step import set_matmul_precision, train_step
 from .breakdown import PhaseClock, split_step
-from .inputs import copy_batch, host_batches, init_device, sync
+from .inputs import COUNTED_SAMPLES, copy_batch, host_batches, init_device, sync
 
 
 @dataclass
@@ -96,6 +96,7 @@ def _build(
     kwargs = dict(v.kwargs)
     if v.backend == "freq_cache":
         kwargs["counts"] = counts
+        kwargs["counted_samples"] = COUNTED_SAMPLES
     # Row values do not change the timings; skipping initial_state() saves building every table
     # twice in host memory (26 x 2M x 128 floats is 27 GB).
     return cls(tables=tables, optim=optim, device=device, **kwargs)

@@ -215,6 +215,12 @@ def read_checked(
     return summary, table, bounds
 
 
+def counted_samples(manifest: Manifest) -> int:
+    """The samples ``stats/counts.parquet`` counted ids in: the training split's rows.  A table's
+    counts add up to this times its mean ids per sample (1 for a one-hot feature)."""
+    return manifest.splits["train"].rows
+
+
 def load_counts(dataset_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     """Per table (the manifest's sparse names): training counts in row (rank) order, the rare
     row's count last; ``len(result[f])`` is the table's size (checked by :func:`read_checked`)."""

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from ..choices import Pooling
+
 
 class DeviceUnavailable(ValueError):
     """A placement that cannot run on this machine (e.g. a CUDA-only one without a GPU): callers
@@ -109,7 +111,26 @@ class EmbeddingBackend(nn.Module):
 
     # -- the interface -------------------------------------------------------------------------
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Sum pooling: each sample's rows of each feature added up (an empty bag: 0), ``[B, F*D]``.
+
+        ``features`` may carry any number of ids per sample and feature (its lengths/offsets)."""
         raise NotImplementedError
+
+    def pool(self, features: KeyedJaggedTensor, pooling: Pooling) -> KeyedTensor:
+        """The embeddings of ``features`` pooled by ``pooling`` (what the model consumes).
+
+        Every placement sums (:meth:`forward`; fbgemm's SUM kernels); mean divides each bag's sum
+        by its number of ids, read from the KJT's lengths where they are (the device, for a device
+        batch), so no step reads anything back; an empty bag stays 0.  One path for every
+        placement, because a row-wise shard holds only part of a bag: the mean is taken where
+        the shards' sums are added (:class:`~dlrm_cache.parallel.sharded.ShardedEmbeddings`
+        overrides this).  Autograd's backward of the division scales each row's gradient by
+        1/size, as fbgemm's MEAN does."""
+        out = self(features)
+        if pooling is Pooling.sum:
+            return out
+        mean = mean_of_sums(out.values(), bag_sizes(features), self.tables[0].dim)
+        return KeyedTensor(keys=out.keys(), length_per_key=out.length_per_key(), values=mean)
 
     def analyze(self, features: KeyedJaggedTensor) -> object | None:
         """Work on a future batch that does not depend on what is cached (the freq_cache: dedup).
@@ -239,6 +260,19 @@ def pooled(features: KeyedJaggedTensor, values: torch.Tensor, dim: int) -> Keyed
     """Wrap a [B, T*dim] tensor of pooled embeddings as a KeyedTensor in feature order."""
     keys = features.keys()
     return KeyedTensor(keys=keys, length_per_key=[dim] * len(keys), values=values)
+
+
+def bag_sizes(features: KeyedJaggedTensor) -> torch.Tensor:
+    """Ids per sample and feature, ``[B, F]``, from the KJT's lengths on their own device."""
+    return features.lengths().view(len(features.keys()), features.stride()).t()
+
+
+def mean_of_sums(sums: torch.Tensor, sizes: torch.Tensor, dim: int) -> torch.Tensor:
+    """Mean pooling ``[B, F*dim]`` from sum pooling ``sums`` and the bags' ``sizes`` ``[B, F]``:
+    each sum over its size, an empty bag's sum (0) left 0."""
+    b = sums.shape[0]
+    div = sizes.to(sums.dtype).clamp(min=1).unsqueeze(-1)
+    return (sums.view(b, -1, dim) / div).view(b, -1)
 
 
 def pop_prefetched(

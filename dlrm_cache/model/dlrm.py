@@ -23,7 +23,7 @@ from torch import nn
 from torchrec.models.dlrm import DenseArch, OverArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..choices import Precision
+from ..choices import Pooling, Precision
 from ..embedding.base import EmbeddingBackend
 from .dcn import CrossShape, DcnInteraction, over_in_features
 
@@ -70,9 +70,12 @@ class DLRM(nn.Module):
         precision: Precision = Precision.fp32,
         compile: bool = False,
         cross: CrossShape | None = None,
+        pooling: Pooling = Pooling.sum,
     ) -> None:
-        """``cross``: DCN-v2's interaction of that shape (:func:`.dcn.cross_shape`), None: dots."""
+        """``cross``: DCN-v2's interaction of that shape (:func:`.dcn.cross_shape`), None: dots;
+        ``pooling``: how a sample's ids of a feature are pooled (:meth:`EmbeddingBackend.pool`)."""
         super().__init__()
+        self.pooling = Pooling(pooling)
         num_sparse = len(embeddings.feature_names)
         self.embeddings = embeddings
         self.num_sparse = num_sparse
@@ -87,7 +90,12 @@ class DLRM(nn.Module):
         self._compiled = torch.compile(self._dense_path, dynamic=False) if compile else None
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        return self.dense_forward(dense, self.embeddings(sparse).values())
+        return self.dense_forward(dense, self.pooled(sparse))
+
+    def pooled(self, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        """The pooled embeddings ``[B, F*D]`` of ``sparse`` by the model's pooling (the lookups,
+        outside the compiled and autocast dense path)."""
+        return self.embeddings.pool(sparse, self.pooling).values()
 
     def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """Logits (fp32, ``[B]``) from dense features and pooled embeddings ``[B, F*D]`` (features

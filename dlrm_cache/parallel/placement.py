@@ -125,6 +125,7 @@ def plan_placement(
         shards += split_table(t, min(pieces, t.num_rows))
 
     cache_rows, hit_rate, load = {}, {}, {}
+    unit = _lookup_unit(tables, counts)
     for s in shards:
         n = s.hi - s.lo
         c = (
@@ -132,10 +133,9 @@ def plan_placement(
             if counts is None or s.table not in counts
             else np.asarray(counts[s.table], dtype=np.float64)
         )
-        table_total = c.sum() if c is not None else float(s.rows_in_table)
-        share = (
-            c[s.lo : s.hi].sum() / max(table_total, 1.0) if c is not None else n / s.rows_in_table
-        )
+        # the shard's lookups per step: its counted accesses (every id of a multi-hot list) in
+        # units of a one-hot table's (see _lookup_unit); without counts, its rows' share of one
+        share = c[s.lo : s.hi].sum() / unit if c is not None else n / s.rows_in_table
         if cache_ratio is None:
             cache_rows[s.name], hit = n, 1.0
         else:
@@ -146,7 +146,6 @@ def plan_placement(
             else:
                 hit = min(1.0, k / n)
         hit_rate[s.name] = hit
-        # a table is looked up once per sample; its shards split those lookups by their counts
         load[s.name] = share * (1.0 + MISS_COST * (1.0 - hit))
 
     loads, used = [0.0] * world, [0.0] * world
@@ -169,6 +168,16 @@ def plan_placement(
         hit_rate=hit_rate,
         load=load,
     )
+
+
+def _lookup_unit(tables: list[TableSpec], counts: dict[str, np.ndarray] | None) -> float:
+    """Accesses that weigh 1 in a shard's load: the mean of the tables' counted totals.  Every
+    one-hot table's total is the samples counted, so a one-hot shard weighs its share of its
+    table; a multi-hot table, looked up several times per sample, weighs that many times more."""
+    if counts is None:
+        return 1.0
+    totals = [float(np.sum(counts[t.name])) for t in tables if t.name in counts]
+    return max(float(np.mean(totals)) if totals else 1.0, 1.0)
 
 
 def available_host_bytes(local_world_size: int) -> float:

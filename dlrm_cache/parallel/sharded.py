@@ -7,7 +7,8 @@ pooled result by one all-to-all; gradients take the reverse path in backward.  T
 sizes follow from the global batch size and the rank count (:func:`rank_sizes`, the loader's own
 split), so the step never reads a size or a count back from a device.  A row-wise split table comes
 back as one partial sum per shard, added up on the batch's rank (autograd sends the gradient to
-every shard).  Everything is synchronous collectives, so the result does not depend on timing, and
+every shard); mean pooling divides only that total, by the bag sizes the shards send beside
+their sums (:meth:`ShardedEmbeddings.pool`).  Everything is synchronous collectives, so the result does not depend on timing, and
 the same code runs on gloo (CPU) and NCCL (GPU).
 
 The wrapper is itself an :class:`EmbeddingBackend`: its input is the rank's shards' KJT over the
@@ -22,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
+from ..choices import Pooling
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, bag_sizes
 from .owned import rank_sizes
 from .placement import Shard
 
@@ -54,7 +56,6 @@ class ShardedEmbeddings(EmbeddingBackend):
         self.local = make_local(local_tables, self.mine) if self.mine else None
         # prefetch is local (no collective), so the ranks need not agree on a look-ahead
         self.lookahead = self.local.lookahead if self.local is not None else 0
-        self._widths = [len(shards_r) * self.dim for shards_r in self.by_rank]
         # received pooled blocks are rank-major; put them back in global shard order, then add the
         # shards of each table together (one shard per table when nothing is split row-wise)
         order = [s.name for shards_r in self.by_rank for s in shards_r]
@@ -81,21 +82,38 @@ class ShardedEmbeddings(EmbeddingBackend):
             self.local.prefetch(features, analysis)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        return self.pool(features, Pooling.sum)
+
+    def pool(self, features: KeyedJaggedTensor, pooling: Pooling) -> KeyedTensor:
+        """The rank's samples' pooled embeddings of every table.
+
+        Mean pooling cannot be taken per shard (a row range holds part of a bag): each shard's
+        block travels with one more column, its bags' sizes (the shard KJT's lengths, on the
+        device), and the batch's rank adds sums and sizes of a table's shards before dividing.
+        The sizes ride in the same all-to-all: no extra collective, nothing read back."""
         self._check(features)
         n = features.stride()  # the global batch
         sizes = rank_sizes(n, self.world)  # eval batches may split unevenly, a share may be empty
         b = sizes[self.rank]
+        mean = pooling is Pooling.mean
+        width = self.dim + int(mean)  # per shard: its sums, and its bags' sizes under mean
         if self.local is not None:
             mine = self.local(features).values()  # [n, shards_mine * D]
+            if mean:
+                counts = bag_sizes(features).to(mine.dtype).unsqueeze(-1)
+                mine = torch.cat([mine.view(n, -1, self.dim), counts], dim=2).view(n, -1)
         else:
             mine = torch.zeros(n, 0, device=self.device, requires_grad=True)
+        widths = [len(shards_r) * width for shards_r in self.by_rank]
         # Each rank's loss is a mean over its local rows; scaling the returning gradients by 1/W
         # makes the update the one a single process would make for the whole global batch.
-        out = _PooledAllToAll.apply(mine, sizes, self._widths, b, 1.0 / self.world)
-        out = out.view(b, len(self.shards), self.dim)
-        out = out.index_select(1, self._unpermute)  # [b, shards, D] in global shard order
+        out = _PooledAllToAll.apply(mine, sizes, widths, b, 1.0 / self.world)
+        out = out.view(b, len(self.shards), width)
+        out = out.index_select(1, self._unpermute)  # [b, shards, width] in global shard order
         if self._row_wise:
-            out = out.new_zeros(b, len(self.tables), self.dim).index_add(1, self._shard_table, out)
+            out = out.new_zeros(b, len(self.tables), width).index_add(1, self._shard_table, out)
+        if mean:
+            out = out[..., : self.dim] / out[..., self.dim :].clamp(min=1)
         return KeyedTensor(
             keys=self.feature_names,
             length_per_key=[self.dim] * len(self.tables),

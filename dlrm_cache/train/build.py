@@ -46,17 +46,19 @@ def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
     wants_counts = backend.uses_counts
     counts = None
     if wants_counts:
-        from ..data.stats import load_counts
+        from ..data.stats import counted_samples, load_counts
 
         counts = load_counts(data_path)
+        samples = counted_samples(Manifest.load(data_path, key="data.path"))
     # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
     partial = instantiate(cfg.embedding, _partial_=True)
 
     def make(tables: list[TableSpec], shards: list[Shard] | None = None) -> EmbeddingBackend:
-        extra = {}
+        extra: dict[str, Any] = {}
         if counts is not None:
             ranges = shards or [Shard(t.name, 0, t.num_rows, t.num_rows) for t in tables]
             extra["counts"] = {s.name: counts[s.table][s.lo : s.hi] for s in ranges}
+            extra["counted_samples"] = samples
         return partial(tables=tables, optim=optim, device=device, **extra)
 
     return make, optim, counts
@@ -328,6 +330,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         precision=cfg.precision,
         compile=cfg.compile,
         cross=cross_shape(cfg.model),
+        pooling=cfg.model.pooling,
     )
     set_matmul_precision(cfg.precision, device)
     opt = build_dense_optimizer(cfg, model.dense_parameters(), device)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_cache.configstore import config_dir, register_configs
@@ -62,6 +62,7 @@ def exported_tables(args: dict) -> EmbeddingBagCollection:
             embedding_dim=t["embedding_dim"],
             num_embeddings=t["num_embeddings"],
             feature_names=t["feature_names"],
+            pooling=PoolingType[t["pooling"]],
         )
         for t in args["embedding_bag_collection"]["tables"]
     ]

@@ -157,3 +157,38 @@ def test_freq_cache_flush_with_prefetched_batches_on_gpu():
         torch.testing.assert_close(b, a, **GPU_TOL)
     assert cache.stats()["evictions"] > 100
     assert_tables_equal(cache.export_tables(), hbm.export_tables(), **GPU_TOL)
+
+
+@pytest.mark.parametrize("name", ["hbm", "uvm_cache", "freq_cache"])
+def test_multi_hot_mean_pooling_on_gpu_matches_host(name):
+    """Jagged device batches (bags of 0..7 ids), mean pooling taken on the device from the
+    lengths: every CUDA placement trains as the host tables do."""
+    from test_multi_hot import jagged_batch
+
+    from dlrm_cache.choices import Pooling
+    from dlrm_cache.embedding.direct import HostBackend
+
+    tables, optim = make_tables(), SparseOptim("rowwise_adagrad", lr=0.1)
+    state = random_state(tables, optim)
+    host = HostBackend(tables, optim)
+    make = {
+        "hbm": lambda: HbmBackend(tables, optim),
+        "uvm_cache": lambda: UvmCacheBackend(tables, optim, cache_ratio=0.05),
+        "freq_cache": lambda: FreqCacheBackend(
+            tables, optim, device="cuda", cache_ratio=0.05, lookahead=0, counts=make_counts(tables)
+        ),
+    }
+    dev = make[name]()
+    host.import_tables(state)
+    dev.import_tables(state)
+    rng, g = np.random.default_rng(2), torch.Generator().manual_seed(0)
+    for step in range(4):
+        b = jagged_batch(rng, tables, 128)
+        w = torch.randn(128, len(tables) * DIM, generator=g)
+        out_h = host.pool(b, Pooling.mean).values()
+        out_d = dev.pool(b.to("cuda"), Pooling.mean).values()
+        torch.testing.assert_close(out_d.cpu(), out_h.detach(), msg=f"step {step}", **GPU_TOL)
+        (out_h * w).sum().backward()
+        (out_d * w.cuda()).sum().backward()
+        dev.step_done()
+    assert_tables_equal(dev.export_tables(), host.export_tables(), **GPU_TOL)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from launching import launch_ranks
 
 from dlrm_cache.bench.syncs import HostSyncCounter
+from dlrm_cache.choices import Pooling
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.loader import Batch, ShardStream
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
@@ -73,6 +74,7 @@ def _counted_steps(root: str) -> dict:
             for b, ref in zip(stream("val", 1999, mine), stream("val", 1999, None)):
                 with HostSyncCounter() as c:
                     out = emb(b.sparse).values()
+                    mean = emb.pool(b.sparse, Pooling.mean).values()  # bag sizes ride along
                 reads.append(c.total_syncs)
                 ops.append(c.total_ops)
                 sizes.append(b.size)
@@ -81,7 +83,7 @@ def _counted_steps(root: str) -> dict:
                 want = torch.cat(
                     [full[f"{t.name}.weight"][ids[j]] for j, t in enumerate(tables)], 1
                 )
-                assert torch.equal(out, want)
+                assert torch.equal(out, want) and torch.equal(mean, want)  # bags of one id
         for b in stream("train", 128, mine)[:3]:
             with HostSyncCounter() as c:
                 emb.prefetch(b.sparse)

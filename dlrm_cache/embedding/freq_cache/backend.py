@@ -124,7 +124,11 @@ class FreqCacheBackend(EmbeddingBackend):
         counts: dict[str, Any] | None = None,
         batch_size: int = 0,
         planner_threads: int = 0,
+        counted_samples: int = 0,
     ) -> None:
+        """``counts``: each table's per-row access counts (stats/), ``counted_samples``: the
+        samples they were counted in, so that the window is sized for each table's ids per sample
+        (0: one id per sample and table)."""
         super().__init__(tables, optim)
         # ---- validation: everything before a byte is allocated
         self.dim = shared_dim(tables, "freq_cache")
@@ -143,7 +147,9 @@ class FreqCacheBackend(EmbeddingBackend):
         self.lookahead = int(lookahead)
         self.policy_name = policy
         rows = np.array([t.num_rows for t in tables], dtype=np.int64)
-        self.layout = self._layout(rows, static_fraction, flat_counts, policy, batch_size)
+        self.layout = self._layout(
+            rows, static_fraction, flat_counts, policy, batch_size, counted_samples
+        )
         self.slot_bytes = optim.row_bytes(self.dim)  # a slot's device bytes: row + optimizer state
         self.cache_bytes = self.layout.num_slots * self.slot_bytes
         self._check_device_memory()
@@ -204,7 +210,7 @@ class FreqCacheBackend(EmbeddingBackend):
         weakref.finalize(self, host.close)
         weakref.finalize(self, self.transfers.write_backs.close)
 
-    def _layout(self, rows, static_fraction, flat_counts, policy, batch_size):
+    def _layout(self, rows, static_fraction, flat_counts, policy, batch_size, samples):
         row_off = np.concatenate([[0], np.cumsum(rows)])
         table_counts = (
             None
@@ -219,6 +225,7 @@ class FreqCacheBackend(EmbeddingBackend):
             global_static=policy == "freq",
             lookahead=self.lookahead,
             batch_size=batch_size,
+            samples=samples,
         )
         if layout.added_rows > 0:
             log.info(

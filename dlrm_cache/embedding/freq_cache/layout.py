@@ -78,20 +78,30 @@ class CacheLayout:
         return self.num_slots - int(self.ratio_rows.sum())
 
 
+def ids_per_sample(counts: Sequence[np.ndarray] | None, samples: int, tables: int) -> np.ndarray:
+    """Per table, the mean number of ids a sample carries: its counted accesses over the
+    ``samples`` they were counted in (a multi-hot feature's lists count every id); 1 for every
+    table where that is unknown (``samples=0`` or no counts: one id per sample, as one-hot)."""
+    if counts is None or samples <= 0:
+        return np.ones(tables)
+    return np.array([_as_counts(c).sum() / samples for c in counts])
+
+
 def expected_window_rows(
     rows: Sequence[int] | np.ndarray,
     static_rows: Sequence[int] | np.ndarray,
     counts: Sequence[np.ndarray] | None,
-    draws: int,
+    draws: Sequence[float] | np.ndarray,
 ) -> int:
-    """Distinct non-static rows among ``draws`` ids per table (one id per sample and table, drawn
-    by the dataset's frequencies, with or without replacement), plus a margin of ``WINDOW_SIGMAS`` standard deviations.  Without
-    counts: the bound ``min(non-static rows, draws)`` per table."""
+    """Distinct non-static rows among ``draws[t]`` ids of each table ``t`` (a batch's samples
+    times the table's ids per sample, drawn by the dataset's frequencies, with or without
+    replacement), plus a margin of ``WINDOW_SIGMAS`` standard deviations.  Without counts: the
+    bound ``min(non-static rows, draws)`` per table."""
     mean = var = 0.0
     for t, n in enumerate(rows):
         c = None if counts is None else _as_counts(counts[t])
         if c is None or c.sum() <= 0:
-            mean += min(n - static_rows[t], draws)
+            mean += min(n - static_rows[t], math.ceil(draws[t]))
             continue
         # P(row among the draws): i.i.d. draws by frequency give 1 - (1 - c/N)^draws; draws without
         # replacement from the N accesses counted (an epoch over the dataset) give about
@@ -99,8 +109,8 @@ def expected_window_rows(
         # larger of the two, so the estimate holds for both.
         total = c.sum()
         rest = c[static_rows[t] :]
-        iid = -np.expm1(draws * np.log1p(-np.minimum(rest / total, 1.0 - 1e-12)))
-        epoch = -np.expm1(rest * np.log1p(-min(draws / total, 1.0 - 1e-12)))
+        iid = _draw_probability(rest / total, draws[t])
+        epoch = -np.expm1(rest * np.log1p(-min(draws[t] / total, 1.0 - 1e-12)))
         seen = np.maximum(iid, epoch)
         mean += float(seen.sum())
         var += float((seen * (1.0 - seen)).sum())
@@ -115,6 +125,7 @@ def cache_layout(
     global_static: bool = True,
     lookahead: int = 0,
     batch_size: int = 0,
+    samples: int = 0,
 ) -> CacheLayout:
     """The freq_cache's slots for tables of ``rows`` at ``cache_ratio``.
 
@@ -124,7 +135,9 @@ def cache_layout(
 
     Window region: the rest of the ratio's slots -- but at least the distinct non-static rows of
     ``lookahead + 1`` batches of ``batch_size`` samples (all pinned at once while the trainer
-    prefetches), estimated from ``counts``; slots are added when the ratio leaves fewer.
+    prefetches), estimated from ``counts``, each table drawing its ids per sample
+    (:func:`ids_per_sample` of the ``samples`` counted); slots are added when the ratio leaves
+    fewer.
     ``batch_size=0``: no sizing (the window gets what the ratio leaves; batches that do not fit
     are deferred, or overflow).
     """
@@ -145,21 +158,30 @@ def cache_layout(
     window = num_slots - int(static_rows.sum())
     needed = 0
     if batch_size > 0:
-        needed = expected_window_rows(rows_a, static_rows, counts, (lookahead + 1) * batch_size)
+        per = ids_per_sample(counts, samples, len(rows_a))
+        needed = expected_window_rows(
+            rows_a, static_rows, counts, (lookahead + 1) * batch_size * per
+        )
         needed = min(needed, int((rows_a - static_rows).sum()))
     return CacheLayout(ratio_rows, static_rows, max(window, needed), needed)
 
 
-def _draw_probability(p: np.ndarray, draws: int) -> np.ndarray:
+def _draw_probability(p: np.ndarray, draws: float | np.ndarray) -> np.ndarray:
     """P(a row of per-draw probability ``p`` is drawn at least once in ``draws`` draws)."""
     return -np.expm1(draws * np.log1p(-np.minimum(p, 1.0 - 1e-12)))
 
 
 def pooled_hit_rates(
-    counts: Sequence[np.ndarray], layout: CacheLayout, lookahead: int, batch_size: int
+    counts: Sequence[np.ndarray],
+    layout: CacheLayout,
+    lookahead: int,
+    batch_size: int,
+    samples: int = 0,
 ) -> np.ndarray:
     """Per table: the expected share of its accesses the freq_cache of ``layout`` serves from its
-    slots, on batches of ``batch_size`` samples (one id per sample and table) drawn by ``counts``.
+    slots, on batches of ``batch_size`` samples drawn by ``counts``, each table's ids per sample
+    from the ``samples`` the counts were counted over (:func:`ids_per_sample`; every id of a
+    multi-hot list is an access).
 
     The model of the cache as built: the static region serves its rows.  In the dynamic region,
     the ``lookahead + 1`` batches in flight pin their rows, so it holds ``P`` persistent rows (the
@@ -172,8 +194,9 @@ def pooled_hit_rates(
     cold = [_as_counts(c)[s:] for c, s in zip(counts, layout.static_rows)]
     p = np.concatenate([c / max(_as_counts(a).sum(), 1.0) for c, a in zip(cold, counts)])
     order = np.argsort(-np.concatenate(cold), kind="stable")  # the freq policy's ranking
-    draws = (lookahead + 1) * batch_size
-    in_flight = _draw_probability(p[order], draws)
+    per = ids_per_sample(counts, samples, len(counts))
+    draws = np.repeat((lookahead + 1) * batch_size * per, [c.size for c in cold])
+    in_flight = _draw_probability(p[order], draws[order])
     # room[P]: persistent rows P plus the expected distinct in-flight rows outside them
     room = np.arange(order.size + 1) + np.concatenate([np.cumsum(in_flight[::-1])[::-1], [0.0]])
     persistent = int(np.searchsorted(room, layout.window_rows, side="right")) - 1
@@ -196,8 +219,10 @@ def plan_table(
     static_fraction: float = 0.5,
     lookahead: int = 0,
     batch_size: int = 0,
+    samples: int = 0,
 ) -> list[dict]:
-    """One dict per ratio: ``ratio``, ``cache_rows`` (all slots, window sizing included),
+    """One dict per ratio (``samples``: what the counts were counted over, see
+    :func:`pooled_hit_rates`): ``ratio``, ``cache_rows`` (all slots, window sizing included),
     ``static_rows``, ``window_rows``, ``window_needed``, ``added_rows`` (see ``cache_layout``, the
     freq policy's layout), ``hit_rate`` and ``per_table`` {name: hit rate} (the pooled cache as
     built, :func:`pooled_hit_rates`; ``hit_rate`` weighs the tables by their accesses) and
@@ -216,8 +241,9 @@ def plan_table(
             list(tables.values()),
             lookahead=lookahead,
             batch_size=batch_size,
+            samples=samples,
         )
-        pooled = pooled_hit_rates(list(tables.values()), layout, lookahead, batch_size)
+        pooled = pooled_hit_rates(list(tables.values()), layout, lookahead, batch_size, samples)
         # the per-table alternative at the same memory: the ratio scaled by the slots the window sizing
         # added (without them, each table's own share of the ratio)
         effective = min(1.0, r * layout.num_slots / max(1, int(layout.ratio_rows.sum())))
