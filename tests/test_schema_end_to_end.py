@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from launching import run_cli
 
 SCHEMA = """\
