@@ -1,6 +1,7 @@
 """A user's own dataset (not Criteo) end to end through the real CLI: parquet input with 5 dense
 and 8 sparse columns of other names -> preprocess -> train -> predict on raw input -> export ->
-verify.  The multi-hot variant needs the jagged loader (wt-29h)."""
+verify; every raw row scores exactly as the same row of the processed test split (one-hot, and
+multi-hot: list columns through the jagged path, in blocks joined and cut across batches)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,23 @@ def _ok(r) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def _tail_in_batches(tmp_path: Path, rows: int) -> None:
+    """The input's last ``rows`` (its test split) as raw input, read in blocks of 30 rows (joined,
+    and cut across batches), scored in batches of 100 as the split is (a batch's size changes a
+    CPU matmul's rounding): equal scores."""
+    tail = pq.read_table(tmp_path / "input.parquet")
+    pq.write_table(tail.slice(len(tail) - rows), tmp_path / "tail.parquet")
+    for name, args in (
+        ("split100", ["input=ds"]),
+        ("raw100", ["input=tail.parquet", "chunk_bytes=7680"]),
+    ):
+        _ok(run_cli("predict", "checkpoint=run", *args, f"output={name}.parquet", "batch_size=100",
+                    cwd=tmp_path))  # fmt: skip
+    split, raw = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("split100", "raw100"))
+    np.testing.assert_array_equal(raw.column("probability"), split.column("probability"))
+    np.testing.assert_array_equal(raw.column("line"), np.arange(1, rows + 1))
+
+
 def _chain(tmp_path: Path, multi_hot: bool) -> None:
     conf = tmp_path / "conf" / "schema"
     conf.mkdir(parents=True)
@@ -62,13 +80,15 @@ def _chain(tmp_path: Path, multi_hot: bool) -> None:
                 f"hydra.searchpath=[file://{tmp_path / 'conf'}]", cwd=tmp_path))  # fmt: skip
     _ok(run_cli("train", "data.path=ds", "run_dir=run", *TRAIN, cwd=tmp_path))
     _ok(run_cli("predict", "checkpoint=run", "input=ds", "output=split.parquet", cwd=tmp_path))
-    if not multi_hot:  # raw multi-hot input is not scored yet (README)
-        _ok(run_cli("predict", "checkpoint=run", "input=input.parquet", "output=raw.parquet",
-                    cwd=tmp_path))  # fmt: skip
-        split = pq.read_table(tmp_path / "split.parquet").column("probability").to_numpy()
-        raw = pq.read_table(tmp_path / "raw.parquet").column("probability").to_numpy()
-        assert len(raw) == 3000  # the test split is the input's last rows
-        np.testing.assert_array_equal(raw[-len(split) :], split)
+    # blocks of 256 rows (chunk_bytes / 256) joined into one batch, as the split's is one batch
+    _ok(run_cli("predict", "checkpoint=run", "input=input.parquet", "output=raw.parquet",
+                "chunk_bytes=65536", cwd=tmp_path))  # fmt: skip
+    split = pq.read_table(tmp_path / "split.parquet").column("probability").to_numpy()
+    raw = pq.read_table(tmp_path / "raw.parquet").column("probability").to_numpy()
+    assert len(raw) == 3000  # the test split is the input's last rows
+    np.testing.assert_array_equal(raw[-len(split) :], split)
+    if multi_hot:  # jagged blocks joined and cut across batches
+        _tail_in_batches(tmp_path, len(split))
     _ok(run_cli("export", "checkpoint=run", "output=exp", cwd=tmp_path))
     assert (tmp_path / "exp" / "dlrm.json").read_text().count('"cat') >= 8
     r = run_cli("verify", "ds", cwd=tmp_path)
