@@ -1,7 +1,8 @@
 """A user's own dataset (not Criteo) end to end through the real CLI: parquet input with 5 dense
 and 8 sparse columns of other names -> preprocess -> train -> predict on raw input -> export ->
 verify; every raw row scores exactly as the same row of the processed test split (one-hot, and
-multi-hot: list columns through the jagged path, in blocks joined and cut across batches)."""
+multi-hot: list columns through the jagged path, in blocks joined and cut across batches); and
+Criteo's text layout with multi-hot C columns, raw lines scored as the processed split's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from launching import run_cli
+
+from dlrm_cache.data.format import Manifest
 
 SCHEMA = """\
 format: parquet
@@ -102,3 +105,33 @@ def test_own_parquet_dataset_one_hot_end_to_end(tmp_path: Path) -> None:
 
 def test_own_parquet_dataset_multi_hot_end_to_end(tmp_path: Path) -> None:
     _chain(tmp_path, multi_hot=True)
+
+
+def test_criteo_layout_with_multi_hot_columns_scores_raw_lines_as_processed(tmp_path: Path) -> None:
+    """Criteo's text layout with two multi-hot C columns (``|``-separated hex ids, one with a hash
+    of its own): the raw file, read in many blocks, scores every test-split line exactly as the
+    processed split does."""
+    conf = tmp_path / "conf" / "schema"
+    conf.mkdir(parents=True)
+    (conf / "mh.yaml").write_text(
+        "format: criteo\nsparse:\n  - {name: C2, multi_hot: true}\n"
+        "  - {name: C5, multi_hot: true, hash: 50}\n"
+    )
+    sizes = [1] * 26
+    sizes[1], sizes[4] = 3, 2
+    _ok(run_cli("synth", "output=raw", "lines=3000", "cardinality_scale=0.001", "progress=false",
+                "min_cardinality=8", f"multi_hot_sizes=[{','.join(map(str, sizes))}]",
+                cwd=tmp_path))  # fmt: skip
+    _ok(run_cli("preprocess", "input=raw", "output=ds", "schema=mh", "progress=false", "min_count=2",
+                f"hydra.searchpath=[file://{tmp_path / 'conf'}]", cwd=tmp_path))  # fmt: skip
+    assert Manifest.load(tmp_path / "ds").multi_hot == ["C2", "C5"]
+    _ok(run_cli("train", "data.path=ds", "run_dir=run", *TRAIN, cwd=tmp_path))
+    _ok(run_cli("predict", "checkpoint=run", "input=ds", "output=split.parquet", cwd=tmp_path))
+    _ok(run_cli("predict", "checkpoint=run", "input=raw/day_0", "output=raw.parquet",
+                "chunk_bytes=20000", cwd=tmp_path))  # fmt: skip
+    split = pq.read_table(tmp_path / "split.parquet")
+    raw = pq.read_table(tmp_path / "raw.parquet")
+    assert raw.num_rows == 3000  # the test split is the file's last lines
+    n = split.num_rows
+    np.testing.assert_array_equal(raw.column("probability")[-n:], split.column("probability"))
+    np.testing.assert_array_equal(raw.column("label")[-n:], split.column("label"))
