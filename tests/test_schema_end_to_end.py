@@ -135,3 +135,35 @@ def test_criteo_layout_with_multi_hot_columns_scores_raw_lines_as_processed(tmp_
     n = split.num_rows
     np.testing.assert_array_equal(raw.column("probability")[-n:], split.column("probability"))
     np.testing.assert_array_equal(raw.column("label")[-n:], split.column("label"))
+    _raw_lists_are_the_processed_lists(tmp_path / "raw" / "day_0", tmp_path / "ds")
+
+
+def _raw_lists_are_the_processed_lists(raw: Path, ds: Path) -> None:
+    """The raw file's last lines, read in many blocks and joined, hold exactly the test split's
+    lists (every element mapped to its table row; one-hot features as lists of one)."""
+    from dlrm_cache.data.lists import Lists
+    from dlrm_cache.data.schema import Schema
+    from dlrm_cache.rawbatch import join
+    from dlrm_cache.rawinput import IdMapper, input_schema, new_bad_line_log, read_schema_rows
+
+    m = Manifest.load(ds)
+    schema, labelled = input_schema(raw, Schema.load(ds, m.hash_modulus))
+    bad = new_bad_line_log("skip", 10)
+    blocks = list(
+        read_schema_rows(raw, schema, labelled, IdMapper(ds, m, schema.hashes), 20000, bad)
+    )
+    assert len(blocks) > 10 and not bad.counts
+    rows = join(blocks)
+    test = pq.read_table(ds / m.splits["test"].shards[0])
+    assert isinstance(rows.ids, Lists) and len(rows.lines) == 3000
+    tail = rows.ids.rows(3000 - test.num_rows, 3000)
+    for f, name in enumerate(m.sparse_names):
+        lengths, values = tail.column(f)
+        col = test.column(name).combine_chunks()
+        if name in m.multi_hot:
+            np.testing.assert_array_equal(lengths, np.diff(col.offsets.to_numpy()))
+            np.testing.assert_array_equal(values, col.flatten().to_numpy())
+            assert lengths.max() > 1
+        else:
+            np.testing.assert_array_equal(lengths, np.ones(test.num_rows))
+            np.testing.assert_array_equal(values, col.to_numpy())
