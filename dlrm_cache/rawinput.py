@@ -239,7 +239,9 @@ def read_schema_rows(
     bad: BadLineLog,
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[Rows]:
-    """As :func:`read_rows`, for an input of a non-Criteo schema (preprocess's own parsers)."""
+    """As :func:`read_rows`, for an input of the dataset's own schema, or Criteo's layout with
+    multi-hot columns (preprocess's own parsers).  A multi-hot dataset's rows hold every feature as
+    a jagged column (:meth:`IdMapper.lists`), as the loader reads the processed shards."""
     if schema.format == "parquet":
         batches = tabular.iter_parquet(path, max(1, chunk_bytes // 256), schema, True)
         parsed_blocks = ((tabular.parse_parquet(t, first, schema), 0) for t, first in batches)
