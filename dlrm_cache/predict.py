@@ -35,14 +35,14 @@ from tqdm import tqdm
 from .after_config import require
 from .data.files import WriteError, atomic_file
 from .data.format import MANIFEST, Manifest
-from .data.loader import Batch, OneIdPerSample, ShardStream
+from .data.loader import ShardStream
 from .data.schema import Schema
 from .outputs import check_output, stop_on_signals
 from .parallel.dist import resolve_device
+from .rawbatch import Batcher, Indexed
 from .rawinput import (
     LABELLED,
     IdMapper,
-    Rows,
     detect_width,
     input_schema,
     new_bad_line_log,
@@ -52,9 +52,6 @@ from .rawinput import (
 from .threads import Prefetcher
 from .train.metrics import EvalMetrics, format_table
 from .trained import Trained, open_trained
-
-# (line or row numbers, the batch, which rows have a label: None = all of them or none)
-Indexed = tuple[np.ndarray, Batch, np.ndarray | None]
 
 
 @dataclass
@@ -220,92 +217,46 @@ def raw_source(cfg: Any, trained: Trained, path: Path, batch_size: int) -> Sourc
             f"(a directory with {MANIFEST})"
         )
     schema = Schema.load(trained.data_path, trained.manifest.hash_modulus)
+    if set(schema.multi_hot) != set(trained.manifest.multi_hot):
+        raise ValueError(
+            f"input={path}: the run's dataset {trained.data_path} holds multi-hot lists made from "
+            "a processed dataset's rows (preprocess multi_hot_sizes=), not from raw ids; score a "
+            "processed split of it instead (input=<that dataset>)"
+        )
     bad = new_bad_line_log(str(cfg.bad_lines), int(cfg.bad_line_reports))
-    layout = OneIdPerSample(trained.manifest.sparse_names)
+    batcher = Batcher(trained.manifest.sparse_names)
     if not schema.fast:
-        return _schema_source(cfg, trained, path, batch_size, schema, bad)
+        return _schema_source(cfg, trained, path, batch_size, schema, bad, batcher)
     width = detect_width(path)
     mapper = IdMapper(trained.data_path, trained.manifest, schema.hashes)
 
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
         rows = read_rows(path, width, mapper, int(cfg.chunk_bytes), bad, progress)
-        return rebatch(rows, batch_size, layout)
+        return batcher.rebatch(rows, batch_size)
 
     return Source("line", width == LABELLED, batches, path.stat().st_size, "B", bad)
 
 
 def _schema_source(
-    cfg: Any, trained: Trained, path: Path, batch_size: int, schema: Schema, bad: Any
+    cfg: Any,
+    trained: Trained,
+    path: Path,
+    batch_size: int,
+    schema: Schema,
+    bad: Any,
+    batcher: Batcher,
 ) -> Source:
-    """Raw input of the dataset's own (non-Criteo) schema: text lines or parquet rows."""
+    """Raw input of the dataset's own schema (or Criteo's with multi-hot columns): text lines or
+    parquet rows."""
     schema, labelled = input_schema(path, schema)
     mapper = IdMapper(trained.data_path, trained.manifest, schema.hashes)
-    layout = OneIdPerSample(trained.manifest.sparse_names)
 
     def batches(progress: Callable[[int], None]) -> Iterator[Indexed]:
         rows = read_schema_rows(path, schema, labelled, mapper, int(cfg.chunk_bytes), bad, progress)
-        return rebatch(rows, batch_size, layout)
+        return batcher.rebatch(rows, batch_size)
 
     # parquet rows are numbered like lines (from 1, as bad-row messages name them)
     return Source("line", labelled, batches, path.stat().st_size, "B", bad)
-
-
-def rebatch(rows: Iterator[Rows], batch_size: int, layout: OneIdPerSample) -> Iterator[Indexed]:
-    """Blocks of good lines -> batches of exactly ``batch_size`` (the last one: the rest)."""
-    pending: list[Rows] = []
-    have = 0
-    for r in rows:
-        pending.append(r)
-        have += len(r.lines)
-        if have < batch_size:
-            continue
-        joined = _join(pending)
-        full = have - have % batch_size
-        for lo in range(0, full, batch_size):
-            yield _batch(joined, lo, lo + batch_size, layout)
-        pending = [_slice(joined, full, have)] if full < have else []
-        have -= full
-    if have:
-        joined = _join(pending)
-        yield _batch(joined, 0, have, layout)
-
-
-def _join(parts: list[Rows]) -> Rows:
-    if len(parts) == 1:
-        return parts[0]
-    labels = None if parts[0].labels is None else np.concatenate([p.labels for p in parts])
-    labelled = None
-    if any(p.labelled is not None for p in parts):
-        labelled = np.concatenate(
-            [p.labelled if p.labelled is not None else np.ones(len(p.lines), bool) for p in parts]
-        )
-    return Rows(
-        np.concatenate([p.lines for p in parts]),
-        labels,
-        np.concatenate([p.dense for p in parts], axis=1),
-        np.concatenate([p.ids for p in parts], axis=1),
-        labelled,
-    )
-
-
-def _slice(r: Rows, lo: int, hi: int) -> Rows:
-    return Rows(
-        r.lines[lo:hi],
-        None if r.labels is None else r.labels[lo:hi],
-        r.dense[:, lo:hi],
-        r.ids[:, lo:hi],
-        None if r.labelled is None else r.labelled[lo:hi],
-    )
-
-
-def _batch(r: Rows, lo: int, hi: int, layout: OneIdPerSample) -> Indexed:
-    dense = torch.from_numpy(np.ascontiguousarray(r.dense[:, lo:hi].T))
-    ids = torch.from_numpy(np.ascontiguousarray(r.ids[:, lo:hi]))
-    labels = (
-        torch.from_numpy(r.labels[lo:hi].copy()) if r.labels is not None else torch.zeros(hi - lo)
-    )
-    known = None if r.labelled is None or r.labelled[lo:hi].all() else r.labelled[lo:hi]
-    return r.lines[lo:hi], layout.batch(dense, ids, labels), known
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import numpy as np
 from .data import criteo, rawtext, tabular
 from .data.files import one_line
 from .data.format import Manifest
+from .data.lists import Lists
 from .data.preprocess.badlines import BadLineLog
 from .data.preprocess.header import first_fields
 from .data.preprocess.parse import bad_part, hash_ids
@@ -40,7 +41,6 @@ from .data.stats import FeatureStats, load_feature_stats
 
 LABELLED = criteo.NUM_FIELDS  # label, I1..I13, C1..C26
 UNLABELLED = criteo.NUM_FIELDS - 1  # Kaggle's test.txt
-_BOM = b"\xef\xbb\xbf"
 _PLACEHOLDER = b"0\t"  # the label field put in front of a 39-field line
 _FIELDS_DETAIL = re.compile(rf"^(\d+) fields, expected {criteo.NUM_FIELDS}$")
 
@@ -51,8 +51,11 @@ class Rows:
 
     lines: np.ndarray  # (n,) int64 1-based line numbers in the file
     labels: np.ndarray | None  # (n,) float32 0/1; None for a 39-field file
-    dense: np.ndarray  # (13, n) float32 log1p values
-    ids: np.ndarray  # (26, n) rows of the embedding tables (int32, int64 for tables past int32)
+    dense: np.ndarray  # (dense features, n) float32, transformed as preprocess does
+    # (sparse features, n) rows of the embedding tables (int32, int64 for tables past int32); a
+    # multi-hot dataset's: every feature a jagged column of rows (one-hot ones: lists of length 1),
+    # as the loader keeps a shard's (data/lists.py)
+    ids: np.ndarray | Lists
     # (n,) bool: the rows whose label field was not empty (None: all of them, or no labels)
     labelled: np.ndarray | None = None
 
@@ -100,6 +103,20 @@ class IdMapper:
             rows[j] = lookup(hash_ids(ids[j], self.hashes[j]))
         return rows
 
+    def lists(self, ids: np.ndarray, lists: dict[int, tuple[np.ndarray, np.ndarray]]) -> Lists:
+        """A parsed block's features as jagged columns of rows: feature ``j`` in ``lists``
+        (``(values, offsets)``, as the parsers give them) has every element mapped as a one-hot
+        id is; any other is ``ids[j]`` as lists of length 1 (the loader's layout of a multi-hot
+        dataset, where a one-hot feature's lists have length 1)."""
+        n = ids.shape[1]
+        one = np.arange(n + 1, dtype=np.int64)
+        offsets, values = [], []
+        for j, lookup in enumerate(self.lookups):
+            raw, o = lists[j] if j in lists else (ids[j], one)
+            values.append(lookup(hash_ids(raw, self.hashes[j])))
+            offsets.append(np.asarray(o, dtype=np.int64))
+        return Lists(offsets, values)
+
 
 def detect_width(path: Path) -> int:
     """:data:`LABELLED` or :data:`UNLABELLED`, from the file's first non-empty line."""
@@ -110,8 +127,8 @@ def detect_width(path: Path) -> int:
                 line = reader.readline(rawtext.MAX_LINE_BYTES + 2)
                 if not line:
                     break
-                if number == 1 and line.startswith(_BOM):
-                    line = line[len(_BOM) :]
+                if number == 1 and line.startswith(rawtext.BOM):
+                    line = line[len(rawtext.BOM) :]
                 line = line.rstrip(b"\r\n")
                 if not line:
                     continue
@@ -163,8 +180,8 @@ def read_rows(
 
 def _with_placeholder_label(data: bytes, first_line: int) -> bytes:
     """Every line of the block with ``0<TAB>`` in front (a file's byte order mark dropped first)."""
-    if first_line == 0 and data.startswith(_BOM):
-        data = data[len(_BOM) :]
+    if first_line == 0 and data.startswith(rawtext.BOM):
+        data = data[len(rawtext.BOM) :]
     out = _PLACEHOLDER + data.replace(b"\n", b"\n" + _PLACEHOLDER)
     return out[: -len(_PLACEHOLDER)] if data.endswith(b"\n") else out
 
@@ -172,8 +189,8 @@ def _with_placeholder_label(data: bytes, first_line: int) -> bytes:
 def _with_empty_labels_filled(data: bytes, first_line: int) -> tuple[bytes, np.ndarray]:
     """The block with a placeholder ``0`` in every empty label field (a line starting with a tab),
     and those lines' indices in the block (a file's byte order mark dropped first)."""
-    if first_line == 0 and data.startswith(_BOM):
-        data = data[len(_BOM) :]
+    if first_line == 0 and data.startswith(rawtext.BOM):
+        data = data[len(rawtext.BOM) :]
     if not data.startswith(b"\t") and b"\n\t" not in data:  # the usual block: a byte scan
         return data, np.empty(0, np.int64)
     raw = np.frombuffer(data, dtype=np.uint8)
@@ -197,8 +214,6 @@ def _unlabelled_detail(detail: str) -> str:
 def input_schema(path: Path, schema: Schema) -> tuple[Schema, bool]:
     """The dataset's schema as this input file lays it out, and whether it has the label column:
     a text file's header (or field count: the schema's columns, or all but the label) decides."""
-    if schema.multi_hot:
-        raise InputError(f"{path}: scoring raw multi-hot input is not supported yet")
     s = replace(schema, columns=list(schema.columns))
     if s.format == "parquet":
         import pyarrow.parquet as pq
@@ -224,7 +239,9 @@ def read_schema_rows(
     bad: BadLineLog,
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[Rows]:
-    """As :func:`read_rows`, for an input of a non-Criteo schema (preprocess's own parsers)."""
+    """As :func:`read_rows`, for an input of the dataset's own schema, or Criteo's layout with
+    multi-hot columns (preprocess's own parsers).  A multi-hot dataset's rows hold every feature as
+    a jagged column (:meth:`IdMapper.lists`), as the loader reads the processed shards."""
     if schema.format == "parquet":
         batches = tabular.iter_parquet(path, max(1, chunk_bytes // 256), schema, True)
         parsed_blocks = ((tabular.parse_parquet(t, first, schema), 0) for t, first in batches)
@@ -238,7 +255,7 @@ def read_schema_rows(
         for i, name in enumerate(schema.dense):
             if name in schema.moments:
                 parsed.dense[i] = tabular.standardized(parsed.dense[i], schema.moments[name])
-        yield Rows(parsed.lines + 1, parsed.label if labelled else None, parsed.dense,
-                   mapper(parsed.ids))  # fmt: skip
+        ids = mapper.lists(parsed.ids, parsed.lists) if schema.multi_hot else mapper(parsed.ids)
+        yield Rows(parsed.lines + 1, parsed.label if labelled else None, parsed.dense, ids)
         if progress is not None and read:
             progress(read)

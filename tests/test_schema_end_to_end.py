@@ -1,6 +1,8 @@
 """A user's own dataset (not Criteo) end to end through the real CLI: parquet input with 5 dense
 and 8 sparse columns of other names -> preprocess -> train -> predict on raw input -> export ->
-verify.  The multi-hot variant needs the jagged loader (wt-29h)."""
+verify; every raw row scores exactly as the same row of the processed test split (one-hot, and
+multi-hot: list columns through the jagged path, in blocks joined and cut across batches); and
+Criteo's text layout with multi-hot C columns, raw lines scored as the processed split's."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from launching import run_cli
+
+from dlrm_cache.data.format import Manifest
 
 SCHEMA = """\
 format: parquet
@@ -52,6 +56,23 @@ def _ok(r) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def _tail_in_batches(tmp_path: Path, rows: int) -> None:
+    """The input's last ``rows`` (its test split) as raw input, read in blocks of 30 rows (joined,
+    and cut across batches), scored in batches of 100 as the split is (a batch's size changes a
+    CPU matmul's rounding): equal scores."""
+    tail = pq.read_table(tmp_path / "input.parquet")
+    pq.write_table(tail.slice(len(tail) - rows), tmp_path / "tail.parquet")
+    for name, args in (
+        ("split100", ["input=ds"]),
+        ("raw100", ["input=tail.parquet", "chunk_bytes=7680"]),
+    ):
+        _ok(run_cli("predict", "checkpoint=run", *args, f"output={name}.parquet", "batch_size=100",
+                    cwd=tmp_path))  # fmt: skip
+    split, raw = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("split100", "raw100"))
+    np.testing.assert_array_equal(raw.column("probability"), split.column("probability"))
+    np.testing.assert_array_equal(raw.column("line"), np.arange(1, rows + 1))
+
+
 def _chain(tmp_path: Path, multi_hot: bool) -> None:
     conf = tmp_path / "conf" / "schema"
     conf.mkdir(parents=True)
@@ -62,13 +83,15 @@ def _chain(tmp_path: Path, multi_hot: bool) -> None:
                 f"hydra.searchpath=[file://{tmp_path / 'conf'}]", cwd=tmp_path))  # fmt: skip
     _ok(run_cli("train", "data.path=ds", "run_dir=run", *TRAIN, cwd=tmp_path))
     _ok(run_cli("predict", "checkpoint=run", "input=ds", "output=split.parquet", cwd=tmp_path))
-    if not multi_hot:  # raw multi-hot input is not scored yet (README)
-        _ok(run_cli("predict", "checkpoint=run", "input=input.parquet", "output=raw.parquet",
-                    cwd=tmp_path))  # fmt: skip
-        split = pq.read_table(tmp_path / "split.parquet").column("probability").to_numpy()
-        raw = pq.read_table(tmp_path / "raw.parquet").column("probability").to_numpy()
-        assert len(raw) == 3000  # the test split is the input's last rows
-        np.testing.assert_array_equal(raw[-len(split) :], split)
+    # blocks of 256 rows (chunk_bytes / 256) joined into one batch, as the split's is one batch
+    _ok(run_cli("predict", "checkpoint=run", "input=input.parquet", "output=raw.parquet",
+                "chunk_bytes=65536", cwd=tmp_path))  # fmt: skip
+    split = pq.read_table(tmp_path / "split.parquet").column("probability").to_numpy()
+    raw = pq.read_table(tmp_path / "raw.parquet").column("probability").to_numpy()
+    assert len(raw) == 3000  # the test split is the input's last rows
+    np.testing.assert_array_equal(raw[-len(split) :], split)
+    if multi_hot:  # jagged blocks joined and cut across batches
+        _tail_in_batches(tmp_path, len(split))
     _ok(run_cli("export", "checkpoint=run", "output=exp", cwd=tmp_path))
     assert (tmp_path / "exp" / "dlrm.json").read_text().count('"cat') >= 8
     r = run_cli("verify", "ds", cwd=tmp_path)
@@ -82,3 +105,65 @@ def test_own_parquet_dataset_one_hot_end_to_end(tmp_path: Path) -> None:
 
 def test_own_parquet_dataset_multi_hot_end_to_end(tmp_path: Path) -> None:
     _chain(tmp_path, multi_hot=True)
+
+
+def test_criteo_layout_with_multi_hot_columns_scores_raw_lines_as_processed(tmp_path: Path) -> None:
+    """Criteo's text layout with two multi-hot C columns (``|``-separated hex ids, one with a hash
+    of its own): the raw file, read in many blocks, scores every test-split line exactly as the
+    processed split does."""
+    conf = tmp_path / "conf" / "schema"
+    conf.mkdir(parents=True)
+    (conf / "mh.yaml").write_text(
+        "format: criteo\nsparse:\n  - {name: C2, multi_hot: true}\n"
+        "  - {name: C5, multi_hot: true, hash: 50}\n"
+    )
+    sizes = [1] * 26
+    sizes[1], sizes[4] = 3, 2
+    _ok(run_cli("synth", "output=raw", "lines=3000", "cardinality_scale=0.001", "progress=false",
+                "min_cardinality=8", f"multi_hot_sizes=[{','.join(map(str, sizes))}]",
+                cwd=tmp_path))  # fmt: skip
+    _ok(run_cli("preprocess", "input=raw", "output=ds", "schema=mh", "progress=false", "min_count=2",
+                f"hydra.searchpath=[file://{tmp_path / 'conf'}]", cwd=tmp_path))  # fmt: skip
+    assert Manifest.load(tmp_path / "ds").multi_hot == ["C2", "C5"]
+    _ok(run_cli("train", "data.path=ds", "run_dir=run", *TRAIN, cwd=tmp_path))
+    _ok(run_cli("predict", "checkpoint=run", "input=ds", "output=split.parquet", cwd=tmp_path))
+    _ok(run_cli("predict", "checkpoint=run", "input=raw/day_0", "output=raw.parquet",
+                "chunk_bytes=20000", cwd=tmp_path))  # fmt: skip
+    split = pq.read_table(tmp_path / "split.parquet")
+    raw = pq.read_table(tmp_path / "raw.parquet")
+    assert raw.num_rows == 3000  # the test split is the file's last lines
+    n = split.num_rows
+    np.testing.assert_array_equal(raw.column("probability")[-n:], split.column("probability"))
+    np.testing.assert_array_equal(raw.column("label")[-n:], split.column("label"))
+    _raw_lists_are_the_processed_lists(tmp_path / "raw" / "day_0", tmp_path / "ds")
+
+
+def _raw_lists_are_the_processed_lists(raw: Path, ds: Path) -> None:
+    """The raw file's last lines, read in many blocks and joined, hold exactly the test split's
+    lists (every element mapped to its table row; one-hot features as lists of one)."""
+    from dlrm_cache.data.lists import Lists
+    from dlrm_cache.data.schema import Schema
+    from dlrm_cache.rawbatch import join
+    from dlrm_cache.rawinput import IdMapper, input_schema, new_bad_line_log, read_schema_rows
+
+    m = Manifest.load(ds)
+    schema, labelled = input_schema(raw, Schema.load(ds, m.hash_modulus))
+    bad = new_bad_line_log("skip", 10)
+    blocks = list(
+        read_schema_rows(raw, schema, labelled, IdMapper(ds, m, schema.hashes), 20000, bad)
+    )
+    assert len(blocks) > 10 and not bad.counts
+    rows = join(blocks)
+    test = pq.read_table(ds / m.splits["test"].shards[0])
+    assert isinstance(rows.ids, Lists) and len(rows.lines) == 3000
+    tail = rows.ids.rows(3000 - test.num_rows, 3000)
+    for f, name in enumerate(m.sparse_names):
+        lengths, values = tail.column(f)
+        col = test.column(name).combine_chunks()
+        if name in m.multi_hot:
+            np.testing.assert_array_equal(lengths, np.diff(col.offsets.to_numpy()))
+            np.testing.assert_array_equal(values, col.flatten().to_numpy())
+            assert lengths.max() > 1
+        else:
+            np.testing.assert_array_equal(lengths, np.ones(test.num_rows))
+            np.testing.assert_array_equal(values, col.to_numpy())

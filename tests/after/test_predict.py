@@ -249,3 +249,34 @@ def test_an_empty_label_is_scored_as_unlabelled(
     )
     assert code == 0 and "auc" not in stdout, err
     assert pd.read_parquet(out)["label"].isna().all()
+
+
+def test_raw_input_of_a_materialized_multi_hot_set_is_refused(
+    capsys, processed_synth, raw_test_lines, tmp_path
+):
+    """A set made by ``multi_hot_sizes=`` from a processed dataset holds lists drawn from that
+    dataset's rows: raw lines cannot be mapped to them, so predict says so (instead of scoring
+    them one id per feature through statistics of other ids)."""
+    from after_runs import _train, train_overrides
+
+    from dlrm_cache.data.config import PreprocessConfig
+    from dlrm_cache.data.preprocess import preprocess
+
+    mh = tmp_path / "mh"
+    sizes = [2] + [1] * 25
+    preprocess(
+        PreprocessConfig(
+            input=str(processed_synth), output=str(mh), multi_hot_sizes=sizes, progress=False
+        )
+    )
+    run = tmp_path / "run"
+    _train(train_overrides(mh, run, ["max_steps=1", "test=false"]))
+    raw = tmp_path / "raw.txt"
+    raw.write_bytes(b"\n".join(raw_test_lines) + b"\n")
+    out = tmp_path / "p.parquet"
+    code, _, err = run_predict(capsys, f"checkpoint={run}", f"input={raw}", f"output={out}")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"input={raw}: the run's dataset" in err and "score a processed split" in err, err
+    assert not out.exists()
+    # its processed split is scored
+    assert predict_in_process(f"checkpoint={run}", f"input={mh}", f"output={out}")["scored"] > 0
