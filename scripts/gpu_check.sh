@@ -5,7 +5,8 @@
 # train, planning, precision, streams (default: all six); feed (the loader and `train` against
 # `bench kind=train` on a generated 8M-line set -- about 8 minutes, run it on its own).
 # quick: the GPU tests; the embedding layer at 1.5% and the whole step at 1.5% and 5% (hbm,
-# uvm_cache, freq_cache, with the step's breakdown) and the DLRM-DCN step at 1.5% (hbm, freq_cache);
+# uvm_cache, freq_cache, with the step's breakdown), the DLRM-DCN step and the step on MLPerf
+# multi-hot batches at 1.5% (hbm, freq_cache);
 # the freq_cache's host half per batch for 1, 2 and 4 planner threads; `train` hbm against
 # freq_cache on a generated Kaggle-shaped set; the compute stream's gaps per step from a profiler
 # trace of `train`; `bench kind=preprocess` with 1, 4, 8 and 16 workers.  Each step has a time limit (QUICK_BUDGET seconds in all, default 390);
@@ -116,7 +117,7 @@ if want quick; then
     P=tests/train/test_precision.py::test_gpu_training_step_never_synchronises_the_host
     step 90 gpu-tests.txt gpu python3 -m pytest -m gpu -v -p no:cacheprovider -x \
         tests/embedding/test_gpu.py tests/test_end_to_end.py tests/test_stats_interface.py \
-        "$P[False-fp32-hbm]" "$P[False-fp32-freq_cache]" "$P[False-bf16-freq_cache]"
+        tests/data/test_loader_multihot.py "$P[False-fp32-hbm]" "$P[False-fp32-freq_cache]" "$P[False-bf16-freq_cache]"
     step 60 bench-embedding.txt gpu python3 -m dlrm_cache bench kind=embedding num_tables=26 \
         rows_per_table=1000000 embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] \
         uvm_algorithms=[lru] cache_ratios=[0.015] warmup=10 iters=30 output="$OUT/bench-embedding.json" figure=null
@@ -128,6 +129,10 @@ if want quick; then
         embedding_dim=128 batch_size=16384 interaction=dcn dcn_num_layers=3 dcn_low_rank_dim=512 \
         backends=[hbm,freq_cache] cache_ratios=[0.015] warmup=10 iters=30 \
         output="$OUT/bench-train-dcn.json" figure=null
+    # issue 29: the step on MLPerf multi-hot batches (3.5M ids per batch), hbm against freq_cache at 1.5%
+    step 60 bench-train-multihot.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
+        embedding_dim=128 batch_size=16384 hotness=mlperf backends=[hbm,freq_cache] cache_ratios=[0.015] \
+        warmup=5 iters=20 output="$OUT/bench-train-multihot.json" figure=null
     wait $DATA; echo "quick: data rc=$? at $((SECONDS - T0))s" | tee -a "$OUT/quick.txt"
     for emb in hbm freq_cache; do
         step 45 train-$emb.txt gpu python3 -m dlrm_cache train data.path=$Q/processed \
