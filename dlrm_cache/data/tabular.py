@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from ..jagged import starts, take_lists
 from . import criteo, rawtext
 from .format import MISSING_ID
 from .schema import LIST_SEPARATOR, Schema, file_columns, fnv1a, int_ids
@@ -225,16 +226,14 @@ def _finish(table, label, rows, skip, first_line, s, dense_of, sparse_of) -> cri
         bad_lines=bad.astype(np.int64) + first_line,
         bad_reasons=[REASONS[rows.reason[r]] for r in bad],
         bad_details=[rows.detail.get(int(r), "") for r in bad],
-        lists={j: take_lists(v, o, keep) for j, (v, o) in lists.items()},
+        lists={j: _kept_lists(v, o, keep) for j, (v, o) in lists.items()},
     )
 
 
-def take_lists(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
-    """The lists of ``rows`` (sorted row indices): (values, offsets from 0)."""
-    lengths = np.diff(offsets)[rows]
-    idx = np.repeat(offsets[:-1][rows] - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
-    idx = idx + np.arange(len(idx))
-    return values[idx], np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+def _kept_lists(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
+    """The lists of ``rows`` (sorted row indices): (values, offsets from 0, int64)."""
+    lengths, kept = take_lists(offsets, values, rows)
+    return kept, starts(lengths)
 
 
 def standardized(x: np.ndarray, moments: list[float]) -> np.ndarray:

@@ -3,6 +3,7 @@ and `import conftest` would not say which conftest)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,28 @@ def exported_tables(args: dict) -> EmbeddingBagCollection:
         for t in args["embedding_bag_collection"]["tables"]
     ]
     return EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+
+
+def exported_model(out: Path) -> torch.nn.Module:
+    """torchrec's model of an export in ``out``, built from its ``dlrm.json`` alone (the class it
+    names: ``DLRM`` or ``DLRM_DCN``) and loaded from ``state_dict.pt`` with ``strict=True``."""
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
+
+    meta = json.loads((out / "dlrm.json").read_text())
+    args = meta["args"]
+    shape = (
+        exported_tables(args),
+        args["dense_in_features"],
+        args["dense_arch_layer_sizes"],
+        args["over_arch_layer_sizes"],
+    )
+    if meta["model"] == "torchrec.models.dlrm.DLRM_DCN":
+        model: torch.nn.Module = DLRM_DCN(*shape, args["dcn_num_layers"], args["dcn_low_rank_dim"])
+    else:
+        assert meta["model"] == "torchrec.models.dlrm.DLRM", meta["model"]
+        model = DLRM(*shape)
+    model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True), strict=True)
+    return model
 
 
 def assert_reproduces_predict(

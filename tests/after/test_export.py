@@ -7,9 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-from after_runs import assert_reproduces_predict, exported_tables
-from torchrec.models.dlrm import DLRM
+from after_runs import assert_reproduces_predict, exported_model
 
 from dlrm_cache.cli import main
 
@@ -32,14 +30,7 @@ def test_torchrec_dlrm_reproduces_predict(
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["dlrm.json", "state_dict.pt"]
     # torchrec's model from the JSON alone (not through dlrm_cache.export's own builder)
-    args = json.loads((out / "dlrm.json").read_text())["args"]
-    model = DLRM(
-        exported_tables(args),
-        args["dense_in_features"],
-        args["dense_arch_layer_sizes"],
-        args["over_arch_layer_sizes"],
-    )
-    model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True), strict=True)
+    model = exported_model(out)
     assert_reproduces_predict(model, cached_run.path, processed_synth, tmp_path)
 
 

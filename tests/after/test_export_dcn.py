@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-from after_runs import _train, assert_reproduces_predict, exported_tables, train_overrides
-from torchrec.models.dlrm import DLRM_DCN
+from after_runs import (
+    _train,
+    assert_reproduces_predict,
+    exported_model,
+    train_overrides,
+)
 
 from dlrm_cache.cli import main
 
@@ -25,13 +28,5 @@ def test_torchrec_dlrm_dcn_reproduces_predict(processed_synth: Path, tmp_path: P
     assert meta["model"] == "torchrec.models.dlrm.DLRM_DCN"
     args = meta["args"]
     assert (args["dcn_num_layers"], args["dcn_low_rank_dim"]) == (2, 4)
-    model = DLRM_DCN(
-        exported_tables(args),
-        args["dense_in_features"],
-        args["dense_arch_layer_sizes"],
-        args["over_arch_layer_sizes"],
-        args["dcn_num_layers"],
-        args["dcn_low_rank_dim"],
-    )
-    model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True), strict=True)
+    model = exported_model(out)
     assert_reproduces_predict(model, run, processed_synth, tmp_path)

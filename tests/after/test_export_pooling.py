@@ -9,8 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from after_runs import _train, assert_reproduces_predict, exported_tables, train_overrides
-from torchrec.models.dlrm import DLRM
+from after_runs import (
+    _train,
+    assert_reproduces_predict,
+    exported_model,
+    train_overrides,
+)
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm_cache.cli import main
@@ -24,13 +28,7 @@ def test_mean_pooling_exports_as_torchrec_mean(processed_synth: Path, tmp_path: 
     main(["export", f"checkpoint={run}", f"output={out}"])
     args = json.loads((out / "dlrm.json").read_text())["args"]
     assert {t["pooling"] for t in args["embedding_bag_collection"]["tables"]} == {"MEAN"}
-    model = DLRM(
-        exported_tables(args),
-        args["dense_in_features"],
-        args["dense_arch_layer_sizes"],
-        args["over_arch_layer_sizes"],
-    )
-    model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True), strict=True)
+    model = exported_model(out)
     assert_reproduces_predict(model, run, processed_synth, tmp_path)
     # multi-hot: the run's model (FrozenTables, the mean taken by pool) and torchrec's MEAN
     trained = open_trained(str(run))
