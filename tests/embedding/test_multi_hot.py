@@ -16,11 +16,12 @@ from launching import launch_ranks
 from test_freq_cache import make_counts, make_tables, random_state, zipf_probs
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm_cache.choices import Pooling
+from dlrm_cache.choices import Pooling, Precision
 from dlrm_cache.embedding.base import SparseOptim, TableSpec
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table
 from dlrm_cache.embedding.freq_cache.layout import cache_layout
+from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.parallel.placement import Shard, plan_placement
 from dlrm_cache.parallel.sharded import ShardedEmbeddings
 from dlrm_cache.trained import FrozenTables
@@ -165,64 +166,73 @@ SHARDS = [  # C1 and C3 split by rows over both ranks, C2 and C4 whole
 ]
 
 
-def _sharded_rank(pooling: str) -> dict:
-    """One rank: a freq_cache per rank over its shards, trained on jagged global batches; the
-    rank's pooled rows and its shards' tables after training."""
+def _sharded_rank() -> dict:
+    """One rank, once per pooling: a freq_cache per rank over its shards, trained on jagged
+    global batches; the rank's pooled rows and its shards' tables after training."""
     dist.init_process_group("gloo")
     try:
-        rank, tables = dist.get_rank(), make_tables()
-        optim = SparseOptim("rowwise_adagrad", lr=0.1)
-        mine = [s for s in SHARDS if s.rank == rank]
-        full = random_state(tables, optim)
-
-        def cache(local: list[TableSpec], shards: list[Shard]) -> FreqCacheBackend:
-            return FreqCacheBackend(local, optim, device="cpu", cache_ratio=0.01, policy="lru")
-
-        emb = ShardedEmbeddings(tables, optim, SHARDS, cache, torch.device("cpu"))
-        emb.import_tables(
-            {
-                f"{s.name}.{f}": full[f"{s.table}.{f}"][s.lo : s.hi]
-                for s in mine
-                for f in ("weight", "momentum1")
-            }
-        )
-        rng, g = np.random.default_rng(5), torch.Generator().manual_seed(0)
-        outs = []
-        for _ in range(4):
-            kjt = jagged_batch(rng, tables, 64)
-            w = torch.randn(64, len(tables) * tables[0].dim, generator=g)
-            out = emb.pool(shard_kjt(kjt, tables, mine), Pooling(pooling)).values()
-            (out * w[rank * 32 : (rank + 1) * 32]).sum().backward()
-            emb.step_done()
-            outs.append(out.detach())
-        return {"outs": outs, "tables": emb.export_tables()}
+        return {p.value: _sharded_training(p) for p in Pooling}
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("pooling", list(Pooling))
-def test_row_sharded_multi_hot_equals_one_process(pooling: Pooling):
-    """2 gloo ranks, tables split by rows: a bag's ids spread over both ranks' shards, and the
-    mean is taken of the shards' summed total (the bag sizes ride in the exchange)."""
-    got = launch_ranks(2, _sharded_rank, pooling.value)
-    tables, optim = make_tables(), SparseOptim("rowwise_adagrad", lr=0.1)
-    host = HostBackend(tables, optim)
-    host.import_tables(random_state(tables, optim))
+def _sharded_training(pooling: Pooling) -> dict:
+    rank, tables = dist.get_rank(), make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    mine = [s for s in SHARDS if s.rank == rank]
+    full = random_state(tables, optim)
+
+    def cache(local: list[TableSpec], shards: list[Shard]) -> FreqCacheBackend:
+        return FreqCacheBackend(local, optim, device="cpu", cache_ratio=0.01, policy="lru")
+
+    emb = ShardedEmbeddings(tables, optim, SHARDS, cache, torch.device("cpu"))
+    emb.import_tables(
+        {
+            f"{s.name}.{f}": full[f"{s.table}.{f}"][s.lo : s.hi]
+            for s in mine
+            for f in ("weight", "momentum1")
+        }
+    )
     rng, g = np.random.default_rng(5), torch.Generator().manual_seed(0)
-    for step in range(4):
+    outs = []
+    for _ in range(4):
         kjt = jagged_batch(rng, tables, 64)
         w = torch.randn(64, len(tables) * tables[0].dim, generator=g)
-        out = host.pool(kjt, pooling).values()
-        (out * w).sum().div(2).backward()  # each rank's gradient is scaled by 1/world
-        for rank in (0, 1):
-            mine = out[rank * 32 : (rank + 1) * 32].detach()
-            torch.testing.assert_close(got[rank]["outs"][step], mine, **TOL)
-    want = host.export_tables()
-    for s in SHARDS:
-        for f in ("weight", "momentum1"):
-            torch.testing.assert_close(
-                got[s.rank]["tables"][f"{s.name}.{f}"], want[f"{s.table}.{f}"][s.lo : s.hi], **TOL
-            )
+        out = emb.pool(shard_kjt(kjt, tables, mine), pooling).values()
+        (out * w[rank * 32 : (rank + 1) * 32]).sum().backward()
+        emb.step_done()
+        outs.append(out.detach())
+    return {"outs": outs, "tables": emb.export_tables()}
+
+
+def test_row_sharded_multi_hot_equals_one_process():
+    """2 gloo ranks, tables split by rows: a bag's ids spread over both ranks' shards, and the
+    mean is taken of the shards' summed total (the bag sizes ride in the exchange); sum and
+    mean each train as one process's host tables."""
+    ranks = launch_ranks(2, _sharded_rank)
+    for pooling in Pooling:
+        got = {r: ranks[r][pooling.value] for r in (0, 1)}
+        tables, optim = make_tables(), SparseOptim("rowwise_adagrad", lr=0.1)
+        host = HostBackend(tables, optim)
+        host.import_tables(random_state(tables, optim))
+        rng, g = np.random.default_rng(5), torch.Generator().manual_seed(0)
+        for step in range(4):
+            kjt = jagged_batch(rng, tables, 64)
+            w = torch.randn(64, len(tables) * tables[0].dim, generator=g)
+            out = host.pool(kjt, pooling).values()
+            (out * w).sum().div(2).backward()  # each rank's gradient is scaled by 1/world
+            for rank in (0, 1):
+                mine = out[rank * 32 : (rank + 1) * 32].detach()
+                torch.testing.assert_close(got[rank]["outs"][step], mine, **TOL)
+        want = host.export_tables()
+        for s in SHARDS:
+            for f in ("weight", "momentum1"):
+                torch.testing.assert_close(
+                    got[s.rank]["tables"][f"{s.name}.{f}"],
+                    want[f"{s.table}.{f}"][s.lo : s.hi],
+                    msg=lambda m: f"{pooling.value} {s.name}.{f}: {m}",
+                    **TOL,
+                )
 
 
 def test_plan_sizes_the_window_and_predicts_hit_rates_for_every_id_of_a_list():
@@ -297,3 +307,21 @@ def test_sharding_planner_weighs_a_multi_hot_table_by_its_ids():
     placement = plan_placement(tables, 2, SparseOptim("sgd"), 1e12, 0.05, counts)
     rank_of = {s.table: s.rank for s in placement.shards}
     assert rank_of["A"] == rank_of["B"] != rank_of["C"], rank_of
+
+
+@pytest.mark.parametrize("precision", [Precision.fp32, Precision.bf16])
+def test_the_model_feeds_its_dense_part_the_mean_in_every_precision(precision: Precision):
+    """DLRM(pooling=mean): the interaction gets each bag's mean (fp32, outside autocast)."""
+    tables, optim = make_tables(), SparseOptim("sgd", lr=0.1)
+    state = random_state(tables, optim)
+    host = HostBackend(tables, optim)
+    host.import_tables(state)
+    model = DLRM(host, 13, tables[0].dim, [16], [16], precision=precision, pooling=Pooling.mean)
+    kjt = jagged_batch(np.random.default_rng(4), tables, 64)
+    weights = [state[f"{t.name}.weight"].numpy() for t in tables]
+    want = torch.from_numpy(numpy_pool(weights, kjt, mean=True)).float()
+    pooled = model.pooled(kjt)
+    assert pooled.dtype == torch.float32
+    torch.testing.assert_close(pooled, want, rtol=1e-5, atol=1e-6)
+    dense = torch.randn(64, 13)
+    torch.testing.assert_close(model(dense, kjt), model.dense_forward(dense, want), **TOL)
