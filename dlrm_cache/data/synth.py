@@ -5,17 +5,25 @@ ids, the id of popularity rank ``r`` is drawn with probability proportional to `
 (Zipf-like), and is written as a fixed random 32-bit value in 8 hex digits, so hex order says nothing
 about popularity.  The click model is logistic::
 
-    logit = bias + sum_i w_i * std(log1p(max(I_i, 0)))          # dense part (empty I_i -> 0)
+    logit = bias + sum_i w_i * z_i                               # dense part
                  + sum_j e_j[id_j]                               # one effect per id (empty: its own)
                  + sum_{j<k} <v_j[id_j], v_k[id_k]>              # factorization-machine interactions
-                 + cross_scale * c[id_1, id_2]                   # a planted cross of C1 and C2
+                 + cross_scale * x                               # a planted pairwise cross
                  + logit_noise * N(0, 1)                         # unexplained noise
     label ~ Bernoulli(sigmoid(logit))
 
-``c`` gives every pair of (C1, C2) ids its own effect, uniform with standard deviation 1 and
-unrelated to either id's other effects: a feature cross no sum of per-id terms and no product of
-``_LATENT_DIM``-wide vectors expresses, for models that learn crosses (``cross_scale=0``, the
-default, plants none and the bytes are those of the generator without it).
+with ``z_i = std(log1p(max(I_i, 0)))`` (empty ``I_i`` -> 0, then standardized: mean 0, std 1).
+The planted cross ``x`` (mean 0, std 1) multiplies two features, by ``cross``:
+
+- ``ids``: ``x = c[id_1, id_2]``, an effect of its own for every pair of (C1, C2) ids, uniform and
+  unrelated to either id's other effects: no sum of per-id terms expresses it; a dot product of
+  one row per id, as wide as the smaller feature has values (ids and the empty one), does
+  (dot-DLRM's dot of two embeddings, exactly where C1 and C2 have at most embedding_dim values);
+- ``dense``: ``x = z_1 * z_2``, the product of two dense features' values, the kind of cross of
+  DCN-v2's synthetic study (Wang et al. 2021): a cross network multiplies its inputs,
+  an MLP of ReLUs only approximates a product.
+
+``cross_scale=0``, the default, plants none, and the bytes are those of the generator without it.
 
 The noise-free ``sigmoid(logit)`` is the best possible score from the features, so its AUC against
 the drawn labels (the *oracle AUC*, written to ``oracle.json``) is the ceiling for any model.  The
@@ -47,7 +55,7 @@ from tqdm import tqdm
 
 from ..config import config_dict
 from ..threads import Prefetcher
-from .config import SynthConfig
+from .config import CrossKind, SynthConfig
 from .criteo import DAY_FILE, day_file_name
 from .format import (
     DENSE_NAMES,
@@ -103,7 +111,8 @@ class PlantedModel:
     dense_mean: np.ndarray
     dense_std: np.ndarray
     bias: float
-    cross_scale: float = 0.0  # std of the planted (C1, C2) cross
+    cross_scale: float = 0.0  # std of the planted cross
+    cross: CrossKind = CrossKind.ids  # which two features it multiplies
     cross_seed: int = 0
 
 
@@ -117,6 +126,14 @@ def _pair_effect(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return ((x >> np.uint64(11)).astype(np.float64) / 2.0**53 * 2.0 - 1.0) * math.sqrt(3.0)
+
+
+def _cross(model: PlantedModel, dense: np.ndarray, ids: list[np.ndarray]) -> np.ndarray:
+    """The planted cross ``x`` of each example (mean 0, std 1; see the module's docstring), from
+    its standardized dense features and its C1 and C2 indices."""
+    if model.cross is CrossKind.dense:
+        return dense[:, 0] * dense[:, 1]
+    return _pair_effect(ids[0], ids[1], model.cross_seed)
 
 
 @dataclass
@@ -171,6 +188,7 @@ def _build_model(cfg: Any, sizes: list[int]) -> PlantedModel:
         dense_std=np.ones(NUM_DENSE),
         bias=0.0,
         cross_scale=float(cfg.cross_scale),
+        cross=CrossKind(str(cfg.cross)),
         cross_seed=int(cfg.seed),
     )
     w = rng.normal(0.0, 1.0, NUM_DENSE)
@@ -234,7 +252,7 @@ def _sample(
         if j < 2:
             crossed.append(idx)
     if model.cross_scale:  # drawing nothing: without it, the random streams are as before
-        score += model.cross_scale * _pair_effect(crossed[0], crossed[1], model.cross_seed)
+        score += model.cross_scale * _cross(model, feats, crossed)
     score += 0.5 * (np.einsum("nd,nd->n", latent_sum, latent_sum) - latent_sq)
 
     noisy = score + float(cfg.logit_noise) * rng.standard_normal(n)
@@ -350,6 +368,7 @@ def synth(cfg: SynthConfig | Any) -> Path:
     settings = {k: v for k, v in config_dict(cfg).items() if k not in _NON_DATA_KEYS}
     if not settings.get("cross_scale"):  # no cross: the record of the generator before it
         settings.pop("cross_scale", None)
+        settings.pop("cross", None)
     settings["generator_version"] = GENERATOR_VERSION
     if int(cfg.files) > int(cfg.lines):
         raise ValueError(f"files={cfg.files}: more files than lines ({cfg.lines})")
