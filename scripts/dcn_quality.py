@@ -1,13 +1,21 @@
-"""DLRM-DCN against dot-DLRM on data with a planted feature cross: validation AUC over seeds.
+"""DLRM-DCN against dot-DLRM on data with a planted pairwise feature cross: validation AUC over seeds.
 
     python scripts/dcn_quality.py --work /tmp/dcn-quality --out docs/dcn-quality.md
 
-One synthetic dataset (``dlrm-cache synth cross_scale=...``, then ``preprocess``), then per
-training seed one run of each model through the real CLI: the same embedding width, bottom and
-top MLPs, optimizers and steps, only ``model.interaction`` differs.  Printed and written (Markdown,
-plus the raw numbers as JSON beside it): each run's validation AUC and log loss, and per model the
-mean with its 95% interval over the seeds (Student's t, n-1 degrees of freedom), the data's oracle
-AUC, and the per-seed AUC difference dcn - dot with its interval.
+Per kind of planted cross (``dlrm-cache synth cross=ids|dense cross_scale=...``; see
+``dlrm_cache/data/synth.py``), two synthetic datasets of the same settings but different planted
+models: a *tuning* set (synth seed ``--tune-seed``) and a *measurement* set (synth seed 0).  On the
+tuning set each model's dense learning rate is chosen from ``--lrs`` by its validation AUC (one run
+each, training seed 100); the measurement set's validation AUC is never looked at for a choice.  On
+the measurement set, per training seed 0..``--seeds``-1, one run of each model with its chosen rate:
+the same embedding width, bottom and top MLPs, sparse optimizer and steps; only
+``model.interaction`` and the dense rate differ.  Everything goes through the real CLI (``synth``,
+``preprocess``, ``train``).
+
+Written (Markdown, plus the raw numbers as JSON beside it): per cross the tuning grid, the oracle
+AUC, each run's validation AUC and log loss, per model the mean with its 95% interval over the
+seeds (Student's t, n-1 degrees of freedom), and the per-seed AUC difference dcn - dot with its
+interval.
 """
 
 from __future__ import annotations
@@ -24,6 +32,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 MODELS = {"dot": ["model.interaction=dot"], "dcn": ["model.interaction=dcn"]}
+TUNE_TRAIN_SEED = 100  # the tuning runs' training seed, apart from the reported seeds 0..n-1
+
+
+class Failed(Exception):
+    """A command exited non-zero; the message is its last line."""
 
 
 def cli(*args: str) -> None:
@@ -32,7 +45,7 @@ def cli(*args: str) -> None:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-        raise SystemExit(f"dcn_quality: {' '.join(cmd)} failed: {tail}")
+        raise Failed(f"{' '.join(cmd)} failed: {tail}")
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -43,16 +56,99 @@ def spread(values: list[float]) -> tuple[float, float]:
     return mean, T975[len(values) - 1] * statistics.stdev(values) / len(values) ** 0.5
 
 
+def dataset(a: argparse.Namespace, cross: str, seed: int) -> tuple[Path, float]:
+    """Synthesize and preprocess one dataset; its processed path and oracle AUC."""
+    raw, data = a.work / f"{cross}-{seed}" / "raw", a.work / f"{cross}-{seed}" / "processed"
+    cli(
+        "synth",
+        f"output={raw}",
+        f"seed={seed}",
+        f"lines={a.lines}",
+        f"cardinality_scale={a.cardinality_scale}",
+        f"cross={cross}",
+        f"cross_scale={a.cross_scale}",
+        f"interaction_scale={a.interaction_scale}",
+        "progress=false",
+    )
+    cli("preprocess", f"input={raw}", f"output={data}", "progress=false")
+    return data, json.loads((raw / "oracle.json").read_text())["oracle_auc"]
+
+
+def train(a: argparse.Namespace, data: Path, run: Path, seed: int, *extra: str) -> dict:
+    cli(
+        "train",
+        f"data.path={data}",
+        f"run_dir={run}",
+        "overwrite=true",
+        "device=cpu",
+        "progress=false",
+        f"seed={seed}",
+        f"epochs={a.epochs}",
+        *a.model,
+        *extra,
+    )
+    s = json.loads((run / "summary.json").read_text())
+    print(f"{run.name}: val AUC {s['val_auc']:.4f}, log loss {s['val_logloss']:.4f}", flush=True)
+    return {"seed": seed, "val_auc": s["val_auc"], "val_logloss": s["val_logloss"]}
+
+
+def best_rate(grid: dict[str, float | None]) -> float:
+    """The rate of the highest validation AUC among the runs that trained."""
+    trained = {lr: auc for lr, auc in grid.items() if auc is not None}
+    if not trained:
+        raise Failed(f"every rate of {list(grid)} diverged")
+    return float(max(trained, key=lambda lr: trained[lr]))
+
+
+def measure(a: argparse.Namespace, cross: str) -> dict:
+    """Tune each model's dense rate on the tuning set, then measure on the measurement set."""
+    tune_data, tune_oracle = dataset(a, cross, a.tune_seed)
+    grid: dict[str, dict[str, float | None]] = {m: {} for m in MODELS}  # None: diverged
+    for name, extra in MODELS.items():
+        for lr in a.lrs:
+            run = a.work / f"{cross}-{a.tune_seed}" / f"{name}-lr{lr}"
+            try:
+                r = train(a, tune_data, run, TUNE_TRAIN_SEED, *extra, f"optim.dense.lr={lr}")
+            except Failed as e:  # the loss guard stopped it: a rate too high for this model
+                print(f"{run.name}: {e}", flush=True)
+                grid[name][str(lr)] = None
+                continue
+            grid[name][str(lr)] = r["val_auc"]
+    chosen = {m: best_rate(g) for m, g in grid.items()}
+    data, oracle = dataset(a, cross, 0)
+    runs: dict[str, list[dict]] = {m: [] for m in MODELS}
+    for seed in range(a.seeds):
+        for name, extra in MODELS.items():
+            run = a.work / f"{cross}-0" / f"{name}-{seed}"
+            runs[name].append(train(a, data, run, seed, *extra, f"optim.dense.lr={chosen[name]}"))
+    diff = [c["val_auc"] - d["val_auc"] for c, d in zip(runs["dcn"], runs["dot"])]
+    return {
+        "tune_oracle_auc": tune_oracle,
+        "grid": grid,
+        "chosen_lr": chosen,
+        "oracle_auc": oracle,
+        "runs": runs,
+        "auc": {m: spread([r["val_auc"] for r in rs]) for m, rs in runs.items()},
+        "logloss": {m: spread([r["val_logloss"] for r in rs]) for m, rs in runs.items()},
+        "auc_dcn_minus_dot": spread(diff),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/dcn-quality"), help="data and runs")
     p.add_argument("--out", type=Path, default=REPO / "docs/dcn-quality.md")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--lines", type=int, default=100_000)
+    p.add_argument("--lines", type=int, default=500_000)
     p.add_argument("--cardinality-scale", type=float, default=0.0005)
+    p.add_argument("--crosses", nargs="+", default=["ids", "dense"], help="synth's cross kinds")
     p.add_argument("--cross-scale", type=float, default=2.0, help="synth's cross_scale")
     p.add_argument(
         "--interaction-scale", type=float, default=0.0, help="synth's FM part (dot products)"
+    )
+    p.add_argument("--tune-seed", type=int, default=1, help="synth seed of the tuning set")
+    p.add_argument(
+        "--lrs", type=float, nargs="+", default=[0.003, 0.01, 0.03], help="dense rates tried"
     )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument(
@@ -70,49 +166,13 @@ def main() -> None:
     )
     a = p.parse_args()
     t0 = time.perf_counter()
-    raw, data = a.work / "raw", a.work / "processed"
-    cli(
-        "synth",
-        f"output={raw}",
-        f"lines={a.lines}",
-        f"cardinality_scale={a.cardinality_scale}",
-        f"cross_scale={a.cross_scale}",
-        f"interaction_scale={a.interaction_scale}",
-        "progress=false",
-    )
-    cli("preprocess", f"input={raw}", f"output={data}", "progress=false")
-    oracle = json.loads((raw / "oracle.json").read_text())
-    runs: dict[str, list[dict]] = {m: [] for m in MODELS}
-    for seed in range(a.seeds):
-        for name, extra in MODELS.items():
-            run = a.work / f"{name}-{seed}"
-            cli(
-                "train",
-                f"data.path={data}",
-                f"run_dir={run}",
-                "overwrite=true",
-                "device=cpu",
-                "progress=false",
-                f"seed={seed}",
-                f"epochs={a.epochs}",
-                *a.model,
-                *extra,
-            )
-            s = json.loads((run / "summary.json").read_text())
-            runs[name].append(
-                {"seed": seed, "val_auc": s["val_auc"], "val_logloss": s["val_logloss"]}
-            )
-            print(
-                f"{name} seed {seed}: val AUC {s['val_auc']:.4f}, log loss {s['val_logloss']:.4f}"
-            )
-    diff = [c["val_auc"] - d["val_auc"] for c, d in zip(runs["dcn"], runs["dot"])]
+    try:
+        crosses = {cross: measure(a, cross) for cross in a.crosses}
+    except Failed as e:
+        raise SystemExit(f"dcn_quality: {e}") from None
     result = {
         "settings": vars(a) | {"work": str(a.work), "out": str(a.out)},
-        "oracle_auc": oracle["oracle_auc"],
-        "runs": runs,
-        "auc": {m: spread([r["val_auc"] for r in rs]) for m, rs in runs.items()},
-        "logloss": {m: spread([r["val_logloss"] for r in rs]) for m, rs in runs.items()},
-        "auc_dcn_minus_dot": spread(diff),
+        "crosses": crosses,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -124,28 +184,48 @@ def main() -> None:
 def report(r: dict) -> str:
     s = r["settings"]
     lines = [
-        "# DLRM-DCN against dot-DLRM on a planted feature cross",
+        "# DLRM-DCN against dot-DLRM on a planted pairwise feature cross",
         "",
         f"`python scripts/dcn_quality.py {' '.join(s['model'])}` with `--lines {s['lines']}"
         f" --cardinality-scale {s['cardinality_scale']} --cross-scale {s['cross_scale']}"
-        f" --interaction-scale {s['interaction_scale']}"
-        f" --epochs {s['epochs']} --seeds {s['seeds']}` ({r['seconds']:.0f} s on this machine's CPU)."
-        " One `synth` dataset, preprocessed; per training seed one run of each model (only"
-        " `model.interaction` differs). Validation split; mean ± half-width of the 95% t interval"
-        " over the seeds.",
-        "",
-        f"Oracle AUC (the planted model's own scores): {r['oracle_auc']:.4f}",
-        "",
-        "| model | val AUC | val log loss | per seed (AUC) |",
-        "|---|---|---|---|",
+        f" --interaction-scale {s['interaction_scale']} --tune-seed {s['tune_seed']}"
+        f" --lrs {' '.join(map(str, s['lrs']))} --epochs {s['epochs']} --seeds {s['seeds']}`"
+        f" ({r['seconds']:.0f} s on this machine's CPU). Per cross, each model's dense learning"
+        f" rate is chosen on a tuning set (synth seed {s['tune_seed']}, training seed"
+        f" {TUNE_TRAIN_SEED}); then per training seed one run of each model on the measurement set"
+        " (synth seed 0). Validation split; mean ± half-width of the 95% t interval over the"
+        " seeds.",
     ]
-    for m in r["runs"]:
-        auc, ll = r["auc"][m], r["logloss"][m]
-        seeds = ", ".join(f"{x['val_auc']:.4f}" for x in r["runs"][m])
-        lines.append(f"| {m} | {auc[0]:.4f} ± {auc[1]:.4f} | {ll[0]:.4f} ± {ll[1]:.4f} | {seeds} |")
-    d = r["auc_dcn_minus_dot"]
-    lines += ["", f"AUC dcn - dot, paired by seed: {d[0]:+.4f} ± {d[1]:.4f}", ""]
-    return "\n".join(lines)
+    for cross, c in r["crosses"].items():
+        lrs = list(c["grid"]["dot"])
+        lines += [
+            "",
+            f"## `cross={cross}`",
+            "",
+            f"Tuning set (oracle AUC {c['tune_oracle_auc']:.4f}), val AUC by `optim.dense.lr`:",
+            "",
+            "| model | " + " | ".join(lrs) + " | chosen |",
+            "|---|" + "---|" * (len(lrs) + 1),
+        ]
+        for m, g in c["grid"].items():
+            cells = " | ".join("diverged" if g[lr] is None else f"{g[lr]:.4f}" for lr in lrs)
+            lines.append(f"| {m} | {cells} | {c['chosen_lr'][m]} |")
+        lines += [
+            "",
+            f"Measurement set, oracle AUC (the planted model's own scores): {c['oracle_auc']:.4f}",
+            "",
+            "| model | val AUC | val log loss | per seed (AUC) |",
+            "|---|---|---|---|",
+        ]
+        for m in c["runs"]:
+            auc, ll = c["auc"][m], c["logloss"][m]
+            seeds = ", ".join(f"{x['val_auc']:.4f}" for x in c["runs"][m])
+            lines.append(
+                f"| {m} | {auc[0]:.4f} ± {auc[1]:.4f} | {ll[0]:.4f} ± {ll[1]:.4f} | {seeds} |"
+            )
+        d = c["auc_dcn_minus_dot"]
+        lines += ["", f"AUC dcn - dot, paired by seed: {d[0]:+.4f} ± {d[1]:.4f}"]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -79,6 +79,11 @@ class SchemaConfig:
     sparse: list[SparseColumn] = field(default_factory=list)
 
 
+class CrossKind(Choice):
+    ids = "ids"  # an effect per (C1 id, C2 id) pair, unrelated to either id's own effects
+    dense = "dense"  # the product of I1's and I2's standardized values (DCN-v2's synthetic crosses)
+
+
 class BadLines(Choice):
     skip = "skip"  # count per reason, report a few
     fail = "fail"  # stop at the first
@@ -125,7 +130,8 @@ class SynthConfig:
         1.5, ge=0
     )  # std of the summed per-id effects (over the 26 features)
     interaction_scale: float = checked(0.5, ge=0)  # std of the pairwise interaction part
-    cross_scale: float = checked(0.0, ge=0)  # std of a planted cross of C1 and C2's ids (0: none)
+    cross_scale: float = checked(0.0, ge=0)  # std of the planted pairwise cross (0: none)
+    cross: CrossKind = CrossKind.ids  # which two features the planted cross multiplies
     logit_noise: float = checked(
         0.0, ge=0
     )  # std of per-line logit noise the features cannot explain

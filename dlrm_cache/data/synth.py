@@ -155,6 +155,7 @@ def synth(cfg: SynthConfig | Any) -> Path:
     settings = {k: v for k, v in config_dict(cfg).items() if k not in _NON_DATA_KEYS}
     if not settings.get("cross_scale"):  # no cross: the record of the generator before it
         settings.pop("cross_scale", None)
+        settings.pop("cross", None)
     if not settings.get("multi_hot_sizes"):  # one-hot: likewise
         for key in _LIST_KEYS:
             settings.pop(key, None)

@@ -5,17 +5,26 @@ ids, the id of popularity rank ``r`` is drawn with probability proportional to `
 (Zipf-like), and is written as a fixed random 32-bit value in 8 hex digits, so hex order says nothing
 about popularity.  The click model is logistic::
 
-    logit = bias + sum_i w_i * std(log1p(max(I_i, 0)))          # dense part (empty I_i -> 0)
+    logit = bias + sum_i w_i * z_i                               # dense part
                  + sum_j e_j[id_j]                               # one effect per id (empty: its own)
                  + sum_{j<k} <v_j[id_j], v_k[id_k]>              # factorization-machine interactions
-                 + cross_scale * c[id_1, id_2]                   # a planted cross of C1 and C2
+                 + cross_scale * x                               # a planted pairwise cross
                  + logit_noise * N(0, 1)                         # unexplained noise
     label ~ Bernoulli(sigmoid(logit))
 
-``c`` gives every pair of (C1, C2) ids its own effect, uniform with standard deviation 1 and
-unrelated to either id's other effects: a feature cross no sum of per-id terms and no product of
-``_LATENT_DIM``-wide vectors expresses, for models that learn crosses (``cross_scale=0``, the
-default, plants none and the bytes are those of the generator without it).
+with ``z_i = std(log1p(max(I_i, 0)))`` (empty ``I_i`` -> 0, then standardized: mean 0, std 1).
+The planted cross ``x`` (mean 0, std 1) multiplies two features, by ``cross``:
+
+- ``ids``: ``x = c[id_1, id_2]``, an effect of its own for every pair of (C1, C2) ids, uniform and
+  unrelated to either id's other effects: no sum of per-id terms expresses it; a dot product of
+  one row per id, as wide as the smaller feature has values (ids and the empty one), does
+  (dot-DLRM's dot of two embeddings, exactly where C1 and C2 have at most embedding_dim values);
+  where C1 or C2 is multi-hot, the mean over every pair of their ids;
+- ``dense``: ``x = z_1 * z_2``, the product of two dense features' values, the kind of cross of
+  DCN-v2's synthetic study (Wang et al. 2021): a cross network multiplies its inputs,
+  an MLP of ReLUs only approximates a product.
+
+``cross_scale=0``, the default, plants none, and the bytes are those of the generator without it.
 
 The noise-free ``sigmoid(logit)`` is the best possible score from the features, so its AUC against
 the drawn labels (the *oracle AUC*, written to ``oracle.json``) is the ceiling for any model.  The
@@ -34,6 +43,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .config import CrossKind
 from .format import KAGGLE_CARDINALITIES, NUM_DENSE, NUM_SPARSE
 from .synthlists import draw_list, list_sizes, mean_pairs, mean_rows, model_ids
 
@@ -74,7 +84,8 @@ class PlantedModel:
     dense_mean: np.ndarray
     dense_std: np.ndarray
     bias: float
-    cross_scale: float = 0.0  # std of the planted (C1, C2) cross
+    cross_scale: float = 0.0  # std of the planted cross
+    cross: CrossKind = CrossKind.ids  # which two features it multiplies
     cross_seed: int = 0
     list_sizes: list[int] = field(default_factory=list)  # per feature, mean ids per sample
     list_lengths: str = "fixed"  # how a multi-hot field's length is drawn (data/synthlists.py)
@@ -146,6 +157,7 @@ def build_model(cfg: Any, sizes: list[int]) -> PlantedModel:
         dense_std=np.ones(NUM_DENSE),
         bias=0.0,
         cross_scale=float(cfg.cross_scale),
+        cross=CrossKind(str(cfg.cross)),
         cross_seed=int(cfg.seed),
         list_sizes=list_sizes(cfg),  # draws nothing: a one-hot model's streams are unchanged
         list_lengths=str(cfg.multi_hot_lengths),
@@ -221,7 +233,8 @@ def sample(
         if j < 2:
             crossed.append((offsets, idx))
     if model.cross_scale:  # drawing nothing: without it, the random streams are as before
-        score += model.cross_scale * _cross(crossed, model.cross_seed)
+        x = feats[:, 0] * feats[:, 1] if model.cross is CrossKind.dense else None
+        score += model.cross_scale * (x if x is not None else _cross(crossed, model.cross_seed))
     score += 0.5 * (np.einsum("nd,nd->n", latent_sum, latent_sum) - latent_sq)
 
     noisy = score + float(cfg.logit_noise) * rng.standard_normal(n)
