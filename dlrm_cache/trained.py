@@ -157,7 +157,15 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
             f"{path / 'meta.json'}: records no dataset identity; "
             "not a dlrm-cache training checkpoint"
         )
-    diff = [k for k in here if trained_on.get(k) != here[k]]
+    # both sides' keys: a key only one side has (the schema digest of a dataset built under a
+    # user schema) differs too
+    diff = [k for k in {**trained_on, **here} if trained_on.get(k) != here.get(k)]
+    if "schema_digest" in diff:
+        raise ValueError(
+            f"{path}: trained on a dataset built under another schema than {named} "
+            f"(schema_digest differs: its dense transforms, hashes, multi-hot columns or moments); "
+            f"point {data_key}= at the dataset the run was trained on"
+        )
     if diff:
         raise ValueError(
             f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "

@@ -6,6 +6,7 @@ Criteo's text layout with multi-hot C columns, raw lines scored as the processed
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,35 @@ def _chain(tmp_path: Path, multi_hot: bool) -> None:
     r = run_cli("verify", "ds", cwd=tmp_path)
     _ok(r)
     assert "3,000 rows" in r.stdout
+    if not multi_hot:
+        _other_schema_refused(tmp_path)
+
+
+def _other_schema_refused(tmp_path: Path) -> None:
+    """A copy of the run's dataset rebuilt in place (overwrite=true) under another dense
+    transform (num1: none -> standardize; counts, table sizes and splits stay the same) is
+    another dataset: predict (split and raw input) and export refuse it in one line naming the
+    schema, and the run's own dataset is still accepted."""
+    conf = tmp_path / "conf" / "schema"
+    (conf / "other.yaml").write_text(
+        SCHEMA.replace("num1, transform: none", "num1, transform: standardize") % ("", "")
+    )
+    shutil.copytree(tmp_path / "ds", tmp_path / "ds2")
+    _ok(run_cli("preprocess", "input=input.parquet", "output=ds2", "schema=other", "overwrite=true",
+                "progress=false", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                cwd=tmp_path))  # fmt: skip
+    ours, theirs = (Manifest.load(tmp_path / d) for d in ("ds", "ds2"))
+    assert (ours.stats_digest, ours.table_sizes) == (theirs.stats_digest, theirs.table_sizes)
+    for command, args in (
+        ("predict", ["input=input.parquet", "output=p2.parquet"]),
+        ("predict", ["input=ds2", "output=p3.parquet"]),
+        ("export", ["output=exp2"]),
+    ):
+        r = run_cli(command, "checkpoint=run", "dataset=ds2", *args, cwd=tmp_path)
+        assert r.returncode == 1, (command, args, r.stdout[-2000:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "built under another schema" in lines[0], r.stderr[-2000:]
+    assert not any((tmp_path / n).exists() for n in ("p2.parquet", "p3.parquet", "exp2"))
 
 
 def test_own_parquet_dataset_one_hot_end_to_end(tmp_path: Path) -> None:
