@@ -6,6 +6,7 @@ Criteo's text layout with multi-hot C columns, raw lines scored as the processed
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -94,12 +95,35 @@ def _chain(tmp_path: Path, multi_hot: bool) -> None:
     if multi_hot:  # jagged blocks joined and cut across batches
         _tail_in_batches(tmp_path, len(split))
     _ok(run_cli("export", "checkpoint=run", "output=exp", cwd=tmp_path))
-    assert (tmp_path / "exp" / "dlrm.json").read_text().count('"cat') >= 8
+    _export_describes_schema(tmp_path, multi_hot)
     r = run_cli("verify", "ds", cwd=tmp_path)
     _ok(r)
     assert "3,000 rows" in r.stdout
     if not multi_hot:
         _other_schema_refused(tmp_path)
+
+
+def _export_describes_schema(tmp_path: Path, multi_hot: bool) -> None:
+    """dlrm.json's inputs are the schema's: each dense column's transform (standardize with the
+    training split's mean and std of schema.json), each sparse column's own hash and multi-hot
+    flag, and the raw id mapping of the format."""
+    inputs = json.loads((tmp_path / "exp" / "dlrm.json").read_text())["inputs"]
+    saved = json.loads((tmp_path / "ds" / "schema.json").read_text())
+    assert "dense_transform" not in inputs and "hash_modulus" not in inputs  # Criteo's short form
+    assert [(d["name"], d["transform"]) for d in inputs["dense"]] == [
+        ("num0", "log1p"), ("num1", "none"), ("num2", "standardize"), ("num3", "log1p"),
+        ("num4", "log1p")]  # fmt: skip
+    num2 = inputs["dense"][2]
+    assert [num2["mean"], num2["std"]] == saved["moments"]["num2"]
+    assert "(x - mean) / std" in num2["formula"] and "mean" not in inputs["dense"][0]
+    assert inputs["dense"][0]["formula"].startswith("log(1 + max(x, 0))")
+    hashed = [0, 50, 0, 0, 0, 0, 0, 0]
+    multi = [multi_hot and k in (2, 5) for k in range(8)]
+    assert inputs["sparse"] == [
+        {"name": f"cat{k}", "hash_modulus": hashed[k], "multi_hot": multi[k]} for k in range(8)
+    ]
+    assert inputs["raw_ids"].startswith("format parquet: a string or binary: 64-bit FNV-1a")
+    assert inputs["schema_digest"] == Manifest.load(tmp_path / "ds").schema_digest
 
 
 def _other_schema_refused(tmp_path: Path) -> None:
