@@ -263,6 +263,9 @@ def test_dataset_reused_only_under_its_schema(tmp_path: Path) -> None:
     other.sparse[1].hash = 8
     with pytest.raises(pp.PreprocessError, match=r"other inputs/settings \(schema\)"):
         _run(tmp_path / "data.csv", tmp_path / "ds", other)
+    # Criteo's schema records none: the user schema's record is what differs, not "unknown"
+    with pytest.raises(pp.PreprocessError, match=r"other inputs/settings \(schema\)"):
+        _run(tmp_path / "data.csv", tmp_path / "ds", SchemaConfig())
 
 
 def test_header_without_a_schema_column_is_one_error(tmp_path: Path) -> None:
