@@ -40,6 +40,7 @@ from .idrange import check_ids
 from .parquet import read_parquet, write_shard
 from .preprocess.errors import PreprocessError
 from .preprocess.workers import Runner, star
+from .schema import SCHEMA_FILE
 from .stats import (
     COUNTS,
     SUMMARY,
@@ -315,6 +316,8 @@ def build(
         work.mkdir()
         for split in source.splits:
             (root / split).mkdir()
+        if (inp / SCHEMA_FILE).is_file():  # how raw values became the rows: the lists' ids too
+            shutil.copyfile(inp / SCHEMA_FILE, root / SCHEMA_FILE)
         dist, seed = str(cfg.multi_hot_distribution), int(cfg.multi_hot_seed)
         tables = [
             None if p is None else str(p) for p in lookup_tables(sizes, rows, dist, seed, work)
