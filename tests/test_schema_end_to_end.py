@@ -151,6 +151,9 @@ def _other_schema_refused(tmp_path: Path) -> None:
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "built under another schema" in lines[0], r.stderr[-2000:]
     assert not any((tmp_path / n).exists() for n in ("p2.parquet", "p3.parquet", "exp2"))
+    r = run_cli("train", "data.path=ds2", "run_dir=run2", "resume=run", *TRAIN[:-1],
+                "max_steps=6", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 1 and "dataset.schema_digest=" in r.stderr, r.stderr[-2000:]
 
 
 def test_own_parquet_dataset_one_hot_end_to_end(tmp_path: Path) -> None:
