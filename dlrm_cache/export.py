@@ -31,6 +31,7 @@ import torch
 
 from .after_config import require
 from .data.files import replace_dir
+from .data.schema import LIST_SEPARATOR, Schema
 from .model.dcn import cross_shape
 from .outputs import check_output, stop_on_signals
 from .trained import Trained, open_trained
@@ -172,16 +173,7 @@ def _export(cfg: Any) -> Path:
     meta = {
         "model": torchrec_class_name(args),
         "args": args,
-        "inputs": {
-            "dense_features": trained.manifest.dense_names,
-            "dense_transform": "log(1 + max(x, 0)), an empty field as 0 (as dlrm-cache preprocess)",
-            "sparse_features": trained.manifest.sparse_names,
-            "ids": "rows of the dataset's frequency ranking (preprocess), any number per sample "
-            "and feature (a jagged KeyedJaggedTensor), pooled as the tables' pooling says",
-            "dataset": str(trained.data_path),
-            "stats_digest": trained.manifest.stats_digest,
-            "hash_modulus": trained.manifest.hash_modulus,
-        },
+        "inputs": inputs(trained),
         "output": "logits, shape [batch, 1]: probability = sigmoid(logit)",
         "checkpoint": str(trained.checkpoint.path),
         "step": trained.checkpoint.step,
@@ -206,6 +198,60 @@ def _export(cfg: Any) -> Path:
         f"export: {trained.checkpoint.path} (step {trained.checkpoint.step}) -> {out}/ "
         f"({STATE_DICT}: {size / 2**20:,.1f} MiB, {ARGS})"
     )
+    return out
+
+
+_FORMULAS = {
+    "log1p": "log(1 + max(x, 0)), an empty field as 0",
+    "none": "x as is, an empty field as 0",
+    "standardize": "(x - mean) / std (the training split's, below), an empty field as 0 first",
+}
+_RAW_IDS = {
+    "criteo": "the field's hex digits as a number",
+    "text": "64-bit FNV-1a of the value's UTF-8 bytes, top bit cleared",
+    "parquet": "a string or binary: 64-bit FNV-1a of its bytes, top bit cleared; an integer: "
+    "itself, top bit cleared",
+}
+
+
+def inputs(trained: Trained) -> dict[str, Any]:
+    """``dlrm.json``'s ``inputs``: the features in the model's order and how a raw value becomes
+    a model input, from the dataset's schema (``schema.json``; Criteo's without one), so a server
+    built from the export feeds the model what it was trained on.  Criteo's layout under one
+    ``hash_modulus`` keeps its short form (one dense transform, one modulus)."""
+    m = trained.manifest
+    schema = Schema.load(trained.data_path, m.hash_modulus)
+    out: dict[str, Any] = {"dense_features": m.dense_names}
+    if schema.is_default:
+        out["dense_transform"] = f"{_FORMULAS['log1p']} (as dlrm-cache preprocess)"
+    out["sparse_features"] = m.sparse_names
+    out["ids"] = (
+        "rows of the dataset's frequency ranking (preprocess), any number per sample "
+        "and feature (a jagged KeyedJaggedTensor), pooled as the tables' pooling says"
+    )
+    out["dataset"] = str(trained.data_path)
+    out["stats_digest"] = m.stats_digest
+    if schema.is_default:
+        out["hash_modulus"] = m.hash_modulus
+        return out
+    out["dense"] = [
+        {"name": n, "transform": t, "formula": _FORMULAS[t]}
+        | (dict(zip(("mean", "std"), schema.moments[n])) if t == "standardize" else {})
+        for n, t in zip(schema.dense, schema.transforms)
+    ]
+    out["sparse"] = [
+        {"name": n, "hash_modulus": h, "multi_hot": n in m.multi_hot}
+        for n, h in zip(schema.sparse, schema.hashes)
+    ]
+    kind = schema.format if schema.format in _RAW_IDS else "text"
+    out["raw_ids"] = (
+        f"format {schema.format}: {_RAW_IDS[kind]}; then mod the feature's hash_modulus "
+        f"(0: none); then its row of the frequency ranking in the dataset's stats (ids below "
+        f"min_count={m.min_count} or unseen in training: the table's last row). An empty "
+        f"one-hot field (null) is a value of its own, an empty multi-hot field an empty list; "
+        f"a multi-hot text field holds its values separated by '{LIST_SEPARATOR}'"
+    )
+    out["schema_digest"] = m.schema_digest
     return out
 
 

@@ -157,7 +157,19 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
             f"{path / 'meta.json'}: records no dataset identity; "
             "not a dlrm-cache training checkpoint"
         )
-    diff = [k for k in here if trained_on.get(k) != here[k]]
+    # both sides' keys: a key only one side has (the schema digest of a dataset built under a
+    # user schema) differs too
+    diff = [k for k in {**trained_on, **here} if trained_on.get(k) != here.get(k)]
+    if "schema_digest" in diff:
+        why = (
+            "schema_digest differs: its dense transforms, hashes, multi-hot columns or moments"
+            if "schema_digest" in trained_on
+            else "the checkpoint records no schema_digest: written before datasets recorded it"
+        )
+        raise ValueError(
+            f"{path}: trained on a dataset built under another schema than {named} ({why}); "
+            f"point {data_key}= at the dataset the run was trained on"
+        )
     if diff:
         raise ValueError(
             f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "

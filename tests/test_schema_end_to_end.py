@@ -6,6 +6,8 @@ Criteo's text layout with multi-hot C columns, raw lines scored as the processed
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -93,10 +95,65 @@ def _chain(tmp_path: Path, multi_hot: bool) -> None:
     if multi_hot:  # jagged blocks joined and cut across batches
         _tail_in_batches(tmp_path, len(split))
     _ok(run_cli("export", "checkpoint=run", "output=exp", cwd=tmp_path))
-    assert (tmp_path / "exp" / "dlrm.json").read_text().count('"cat') >= 8
+    _export_describes_schema(tmp_path, multi_hot)
     r = run_cli("verify", "ds", cwd=tmp_path)
     _ok(r)
     assert "3,000 rows" in r.stdout
+    if not multi_hot:
+        _other_schema_refused(tmp_path)
+
+
+def _export_describes_schema(tmp_path: Path, multi_hot: bool) -> None:
+    """dlrm.json's inputs are the schema's: each dense column's transform (standardize with the
+    training split's mean and std of schema.json), each sparse column's own hash and multi-hot
+    flag, and the raw id mapping of the format."""
+    inputs = json.loads((tmp_path / "exp" / "dlrm.json").read_text())["inputs"]
+    saved = json.loads((tmp_path / "ds" / "schema.json").read_text())
+    assert "dense_transform" not in inputs and "hash_modulus" not in inputs  # Criteo's short form
+    assert [(d["name"], d["transform"]) for d in inputs["dense"]] == [
+        ("num0", "log1p"), ("num1", "none"), ("num2", "standardize"), ("num3", "log1p"),
+        ("num4", "log1p")]  # fmt: skip
+    num2 = inputs["dense"][2]
+    assert [num2["mean"], num2["std"]] == saved["moments"]["num2"]
+    assert "(x - mean) / std" in num2["formula"] and "mean" not in inputs["dense"][0]
+    assert inputs["dense"][0]["formula"].startswith("log(1 + max(x, 0))")
+    hashed = [0, 50, 0, 0, 0, 0, 0, 0]
+    multi = [multi_hot and k in (2, 5) for k in range(8)]
+    assert inputs["sparse"] == [
+        {"name": f"cat{k}", "hash_modulus": hashed[k], "multi_hot": multi[k]} for k in range(8)
+    ]
+    assert inputs["raw_ids"].startswith("format parquet: a string or binary: 64-bit FNV-1a")
+    assert inputs["schema_digest"] == Manifest.load(tmp_path / "ds").schema_digest
+
+
+def _other_schema_refused(tmp_path: Path) -> None:
+    """A copy of the run's dataset rebuilt in place (overwrite=true) under another dense
+    transform (num1: none -> standardize; counts, table sizes and splits stay the same) is
+    another dataset: predict (split and raw input) and export refuse it in one line naming the
+    schema, and the run's own dataset is still accepted."""
+    conf = tmp_path / "conf" / "schema"
+    (conf / "other.yaml").write_text(
+        SCHEMA.replace("num1, transform: none", "num1, transform: standardize") % ("", "")
+    )
+    shutil.copytree(tmp_path / "ds", tmp_path / "ds2")
+    _ok(run_cli("preprocess", "input=input.parquet", "output=ds2", "schema=other", "overwrite=true",
+                "progress=false", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                cwd=tmp_path))  # fmt: skip
+    ours, theirs = (Manifest.load(tmp_path / d) for d in ("ds", "ds2"))
+    assert (ours.stats_digest, ours.table_sizes) == (theirs.stats_digest, theirs.table_sizes)
+    for command, args in (
+        ("predict", ["input=input.parquet", "output=p2.parquet"]),
+        ("predict", ["input=ds2", "output=p3.parquet"]),
+        ("export", ["output=exp2"]),
+    ):
+        r = run_cli(command, "checkpoint=run", "dataset=ds2", *args, cwd=tmp_path)
+        assert r.returncode == 1, (command, args, r.stdout[-2000:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "built under another schema" in lines[0], r.stderr[-2000:]
+    assert not any((tmp_path / n).exists() for n in ("p2.parquet", "p3.parquet", "exp2"))
+    r = run_cli("train", "data.path=ds2", "run_dir=run2", "resume=run", *TRAIN[:-1],
+                "max_steps=6", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 1 and "dataset.schema_digest=" in r.stderr, r.stderr[-2000:]
 
 
 def test_own_parquet_dataset_one_hot_end_to_end(tmp_path: Path) -> None:

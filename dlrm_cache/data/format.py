@@ -115,7 +115,7 @@ class SplitInfo:
 
 
 # Manifest fields written only when set (see Manifest.save).
-OPTIONAL_FIELDS = ("multi_hot",)
+OPTIONAL_FIELDS = ("multi_hot", "schema_digest")
 
 
 @dataclass
@@ -134,10 +134,14 @@ class Manifest:
     # features whose shard column is a list of ids per sample (multi-hot, any length, 0 included);
     # every other feature's column holds exactly one id per sample
     multi_hot: list[str] = field(default_factory=list)
+    # sha256 of the schema the raw input was read under (schema.Schema.digest); "" for the default
+    # Criteo schema.  Part of the identity: the same counts and splits read under another
+    # transform or hash are other training data.
+    schema_digest: str = ""
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Written without the optional fields left at their defaults (``multi_hot``): a
-        one-hot dataset's manifest is the same bytes it always was."""
+        """Written without the optional fields left at their defaults (:data:`OPTIONAL_FIELDS`):
+        a one-hot Criteo dataset's manifest is the same bytes it always was."""
         fields = asdict(self)
         for key in OPTIONAL_FIELDS:
             if not fields[key]:
@@ -206,8 +210,9 @@ class Manifest:
         for key in ("min_count", "hash_modulus"):
             if not counts([getattr(self, key)]):
                 return f"{key} must be an integer >= 0"
-        if not isinstance(self.stats_digest, str):
-            return "stats_digest must be a string"
+        for key in ("stats_digest", "schema_digest"):
+            if not isinstance(getattr(self, key), str):
+                return f"{key} must be a string"
         if not isinstance(self.splits, dict) or "train" not in self.splits:
             return "splits must hold a train split"
         for split, info in self.splits.items():
@@ -253,9 +258,10 @@ class Manifest:
             "hash_modulus": self.hash_modulus,
             "dense_names": self.dense_names,
             "sparse_names": self.sparse_names,
-            # only where set: a one-hot dataset's identity is what it always was (checkpoints
-            # record it)
+            # only where set: a one-hot Criteo dataset's identity is what it always was
+            # (checkpoints record it)
             **({"multi_hot": self.multi_hot} if self.multi_hot else {}),
+            **({"schema_digest": self.schema_digest} if self.schema_digest else {}),
         }
 
     def check_shards(self, directory: str | os.PathLike, splits: list[str]) -> str:

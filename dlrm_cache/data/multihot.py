@@ -40,6 +40,7 @@ from .idrange import check_ids
 from .parquet import read_parquet, write_shard
 from .preprocess.errors import PreprocessError
 from .preprocess.workers import Runner, star
+from .schema import SCHEMA_FILE
 from .stats import (
     COUNTS,
     SUMMARY,
@@ -58,17 +59,67 @@ WORK = ".work"
 
 def parse_sizes(value: Any, count: int, key: str = "multi_hot_sizes") -> list[int]:
     """Ids per sample of each of ``count`` features from a config value: ``"mlperf"``
-    (:data:`MLPERF_MULTI_HOT_SIZES`, 26 features) or ``count`` ints >= 1; ``[]`` -> all 1."""
+    (:data:`MLPERF_MULTI_HOT_SIZES`, 26 features), one int (every feature's size) or ``count``
+    ints >= 1; ``[]`` -> all 1.  Anything else (a float, a word) is refused naming ``key``: a
+    size is never rounded."""
     if isinstance(value, str):
         if value != "mlperf":
             raise ValueError(f"{key}={value!r}: the only preset is 'mlperf' (or give {count} ints)")
         if count != len(MLPERF_MULTI_HOT_SIZES):
             raise ValueError(f"{key}=mlperf: has 26 sizes, the data have {count} features")
         return list(MLPERF_MULTI_HOT_SIZES)
-    sizes = [int(s) for s in value]
+    if _is_int(value):
+        value = [value] * count
+    try:
+        items = list(value)
+    except TypeError:
+        raise ValueError(
+            f"{key}={value!r}: give 'mlperf', one int or a list of {count} ints"
+        ) from None
+    for i, s in enumerate(items):
+        if not _is_int(s):
+            raise ValueError(f"{key}[{i}]={s!r}: not an integer (ids per sample)")
+    sizes = [int(s) for s in items]
     if sizes and (len(sizes) != count or min(sizes) < 1):
         raise ValueError(f"{key}: need {count} ints >= 1, got {sizes}")
     return sizes or [1] * count
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_room(
+    sizes: list[int], source: Manifest, out: Path, workers: int, key: str = "multi_hot_sizes"
+) -> None:
+    """Refuse, naming ``key`` and the bytes, sizes whose work does not fit: the lookup tables
+    (memory-mapped files beside ``out``) on its file system, or a shard's lists expanded in
+    memory by each of ``workers`` (the ids, np.unique's sorted copy and the counts) in
+    MemAvailable.  Checked before anything is drawn: a size of 10^8 would otherwise run until
+    the disk is full or numpy fails to allocate."""
+    from ..parallel.placement import available_host_bytes
+
+    tables = sum(
+        n * (s - 1) * (4 if n <= np.iinfo(np.int32).max else 8)
+        for s, n in zip(sizes, source.table_sizes)
+    )
+    where = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    if tables > free:
+        raise PreprocessError(
+            f"{key}: the lookup tables need {tables:,} bytes ({tables / 2**30:,.1f} GiB; table "
+            f"rows x (size - 1) ids) but {where} has {free:,} free; give smaller sizes"
+        )
+    rows = max((r for info in source.splits.values() for r in info.shard_rows), default=0)
+    j = int(np.argmax(sizes))
+    need = rows * sizes[j] * 8 * 3 * max(1, workers)
+    avail = available_host_bytes(1)
+    if need > avail:
+        raise PreprocessError(
+            f"{key}: size {sizes[j]} of {source.sparse_names[j]} expands a shard of {rows:,} rows "
+            f"to {need:,} bytes ({need / 2**30:,.1f} GiB, over {max(1, workers)} workers) but "
+            f"{avail:,.0f} bytes of memory are available; give smaller sizes"
+        )
 
 
 def _draw(rs: np.random.RandomState, rows: int, extra: int, n: int, dist: str) -> np.ndarray:
@@ -171,6 +222,7 @@ def materialize(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     from .preprocess.output import build_dir, publish
 
     source, sizes = _source(cfg, inp)
+    check_room(sizes, source, out, runner.workers)
     try:
         check_output(out, "output", [("input", inp)], makes=DATASET)
         wanted = {
@@ -264,6 +316,8 @@ def build(
         work.mkdir()
         for split in source.splits:
             (root / split).mkdir()
+        if (inp / SCHEMA_FILE).is_file():  # how raw values became the rows: the lists' ids too
+            shutil.copyfile(inp / SCHEMA_FILE, root / SCHEMA_FILE)
         dist, seed = str(cfg.multi_hot_distribution), int(cfg.multi_hot_seed)
         tables = [
             None if p is None else str(p) for p in lookup_tables(sizes, rows, dist, seed, work)

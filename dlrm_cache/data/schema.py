@@ -87,6 +87,14 @@ class Schema:
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
+    def digest(self) -> str:
+        """sha256 of the schema's record (key order aside): a dataset's manifest holds it, so a
+        dataset rebuilt under another schema (a transform, hash or moments changed) is another
+        dataset to the runs trained on it."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.record(), sort_keys=True).encode()).hexdigest()
+
     def save(self, directory: Path) -> None:
         from .files import atomic_write_text
 

@@ -29,12 +29,24 @@ import pyarrow.compute as pc
 from ..jagged import starts, take_lists
 from .format import NUM_SPARSE
 from .multihot import parse_sizes
+from .rawtext import MAX_LINE_BYTES
 from .schema import LIST_SEPARATOR
+
+_ID_BYTES = 9  # a list's id in synth's text: 8 hex digits and a separator
 
 
 def list_sizes(cfg: Any) -> list[int]:
-    """Mean ids per sample of every feature (1: one-hot) from ``cfg.multi_hot_sizes``."""
-    return parse_sizes(cfg.multi_hot_sizes, NUM_SPARSE)
+    """Mean ids per sample of every feature (1: one-hot) from ``cfg.multi_hot_sizes``; sizes
+    whose lines would be longer than preprocess reads (:data:`.rawtext.MAX_LINE_BYTES`; an id is
+    8 hex digits and a separator) are refused: every line would be skipped as too long."""
+    sizes = parse_sizes(cfg.multi_hot_sizes, NUM_SPARSE)
+    line = _ID_BYTES * sum(sizes)
+    if line > MAX_LINE_BYTES:
+        raise ValueError(
+            f"multi_hot_sizes: {sum(sizes):,} ids a line make lines of about {line:,} bytes, "
+            f"over the {MAX_LINE_BYTES:,} preprocess reads; give smaller sizes"
+        )
+    return sizes
 
 
 def draw_list(

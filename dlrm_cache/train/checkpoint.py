@@ -499,6 +499,8 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
             f"{ckpt.path / CKPT_META}: records no {unknown[0]} (of the run's config or its dataset); "
             "it cannot be checked against this run, resume from another checkpoint"
         )
+    if "dataset.schema_digest" in then:  # trained under a user schema: this dataset must be too
+        now.setdefault("dataset.schema_digest", "")
     diff = [k for k in now if k in then and then[k] != now[k]]
     if diff:
         raise ValueError(

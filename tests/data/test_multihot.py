@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from dlrm_cache.data.config import PreprocessConfig
 from dlrm_cache.data.format import MLPERF_MULTI_HOT_SIZES, Manifest
+from dlrm_cache.data.multihot import parse_sizes
 from dlrm_cache.data.preprocess import PreprocessError, preprocess
 from dlrm_cache.verify import VerifyConfig, verify
 
@@ -135,3 +136,41 @@ def test_bad_requests_say_why(
     with pytest.raises(PreprocessError, match=says.replace("(", r"\(").replace(")", r"\)")):
         preprocess(cfg)
     assert not (tmp_path / "o").exists()
+
+
+def test_sizes_are_integers_or_refused_naming_the_key():
+    """A float is never rounded, a word is named with its place, one int is every feature's."""
+    assert parse_sizes(3, 4) == [3, 3, 3, 3]
+    assert parse_sizes(OmegaConf.create({"s": [2, 1, 3]}).s, 3) == [2, 1, 3]
+    for value, says in [
+        ([2.5, 1, 1], r"multi_hot_sizes\[0\]=2.5: not an integer"),
+        ([1, "a", 1], r"multi_hot_sizes\[1\]='a': not an integer"),
+        ([1, 1, True], r"multi_hot_sizes\[2\]=True: not an integer"),
+        (2.0, r"multi_hot_sizes=2.0: give 'mlperf', one int or a list of 3 ints"),
+        (0, r"need 3 ints >= 1, got \[0, 0, 0\]"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            parse_sizes(value, 3)
+
+
+def test_sizes_too_big_for_memory_are_refused_before_anything_is_drawn(
+    shared_small_dataset: Path, tmp_path: Path
+):
+    """A size of 10^8 (numpy asked for 958 GiB with a traceback): one line through the CLI naming
+    the key, the feature and the bytes; nothing written.  A float size: one line too."""
+    args = ("preprocess", f"input={shared_small_dataset}", "output=o", "workers=1",
+            "progress=false")  # fmt: skip
+    rows = max(r for i in Manifest.load(shared_small_dataset).splits.values() for r in i.shard_rows)
+    r = run_cli(*args, "multi_hot_sizes=[2,100000000,1,1,1]", cwd=tmp_path)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    need = rows * 100000000 * 8 * 3
+    assert "multi_hot_sizes: " in line and "Traceback" not in r.stderr
+    assert f"size 100000000 of C2 expands a shard of {rows:,} rows to {need:,} bytes" in line or (
+        "the lookup tables need" in line
+    ), line
+    r = run_cli(*args, "multi_hot_sizes=[2.5,1,1,1,1]", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "dlrm-cache preprocess: error: multi_hot_sizes[0]=2.5: not an integer (ids per sample)"
+    ], r.stderr
+    assert not any(tmp_path.iterdir()) or list(tmp_path.iterdir()) == [tmp_path / "outputs"]

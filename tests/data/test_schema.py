@@ -263,6 +263,9 @@ def test_dataset_reused_only_under_its_schema(tmp_path: Path) -> None:
     other.sparse[1].hash = 8
     with pytest.raises(pp.PreprocessError, match=r"other inputs/settings \(schema\)"):
         _run(tmp_path / "data.csv", tmp_path / "ds", other)
+    # Criteo's schema records none: the user schema's record is what differs, not "unknown"
+    with pytest.raises(pp.PreprocessError, match=r"other inputs/settings \(schema\)"):
+        _run(tmp_path / "data.csv", tmp_path / "ds", SchemaConfig())
 
 
 def test_header_without_a_schema_column_is_one_error(tmp_path: Path) -> None:
@@ -323,3 +326,18 @@ def test_criteo_format_takes_no_header_or_columns(tmp_path: Path) -> None:
     (tmp_path / "day_0").write_bytes(criteo_lines(10))
     with pytest.raises(pp.PreprocessError, match="format=criteo has no header"):
         _run(tmp_path / "day_0", tmp_path / "ds", SchemaConfig(header=True))
+
+
+def test_multi_hot_set_of_a_user_schema_dataset_keeps_its_schema(tmp_path: Path) -> None:
+    """multi_hot_sizes= on a dataset built under a user schema: the new set holds the same
+    schema.json (its transforms, moments and hashes say how raw values became the input's rows;
+    export describes the inputs from it) and the same schema digest in its manifest."""
+    _write_text(tmp_path / "data.csv", _rows(200), ",", True)
+    one_hot = _schema()
+    one_hot.sparse[2].multi_hot = False
+    src = _run(tmp_path / "data.csv", tmp_path / "ds", one_hot)
+    mh = _run(tmp_path / "ds", tmp_path / "mh", SchemaConfig(), multi_hot_sizes=[2, 1, 1])
+    assert mh.multi_hot == ["user"] and mh.schema_digest == src.schema_digest != ""
+    saved = (tmp_path / "ds" / "schema.json").read_bytes()
+    assert (tmp_path / "mh" / "schema.json").read_bytes() == saved
+    assert Schema.load(tmp_path / "mh").transforms == ["standardize", "log1p"]

@@ -87,7 +87,12 @@ def test_the_oracle_score_uses_every_id_of_a_list(tmp_path: Path):
 
 
 def test_bad_sizes_are_refused(tmp_path: Path):
-    for sizes, says in [("tpu", "only preset is 'mlperf'"), ([2] * 25, "need 26 ints >= 1")]:
+    for sizes, says in [
+        ("tpu", "only preset is 'mlperf'"),
+        ([2] * 25, "need 26 ints >= 1"),
+        ([2.5] + [1] * 25, r"multi_hot_sizes\[0\]=2.5: not an integer"),
+        ([100_000_000] + [1] * 25, "100,000,025 ids a line make lines of about 900,000,225 bytes"),
+    ]:
         with pytest.raises(ValueError, match=says):
             synth(SynthConfig(output=str(tmp_path), **SMALL, multi_hot_sizes=sizes))
 

@@ -144,6 +144,7 @@ def build(
         dense_names=list(schema.dense),
         sparse_names=list(schema.sparse),
         multi_hot=list(schema.multi_hot),
+        schema_digest="" if schema.is_default else schema.digest(),
     )
     runner.gather(None)  # every rank is done with the work area
     if runner.is_main:

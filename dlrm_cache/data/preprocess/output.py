@@ -73,7 +73,8 @@ def check_reuse(out: Path, wanted: dict[str, Any], overwrite: bool) -> Manifest 
     recorded = compare(out / SETTINGS, wanted)
     if recorded.matches:
         return Manifest.load(out)
-    changed = [k for k in recorded.changed if k in wanted]
+    # a key only the record has differs too (a user schema's record against Criteo's none)
+    changed = list(recorded.changed)
     raise PreprocessError(
         f"{out} already holds a dataset built from other inputs/settings "
         f"({', '.join(changed) or 'unknown'}); "
