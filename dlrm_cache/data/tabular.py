@@ -9,7 +9,8 @@ first failing check names its reason:
   an unbalanced ``"`` (CSV; a quoted field never spans lines);
 * ``"label not 0/1"``: the label is empty/null or anything but 0 or 1;
 * ``"non-number in a dense field"``: a dense value that is not a finite decimal number
-  (``[+-]digits[.digits][e[+-]digits]``; empty/null is 0);
+  (``[+-]digits[.digits][e[+-]digits]``; empty/null is 0), or whose float32 value after the
+  column's transform is not finite (``1e39`` under ``none``: the shards hold float32);
 * ``"empty id in a list"``: a multi-hot field with an empty element (``a||b``) or a null element;
 * ``format: criteo`` with multi-hot columns reads through here too: its ids must be 1-8 hex
   digits (``"categorical not 1-8 hex digits"``), its dense values are numbers as above.
@@ -206,7 +207,10 @@ def _finish(table, label, rows, skip, first_line, s, dense_of, sparse_of) -> cri
     n = len(label)
     dense = np.zeros((len(s.dense), n), dtype=np.float32)
     for i, (name, transform) in enumerate(zip(s.dense, s.transforms)):
-        dense[i] = transformed(dense_of(table.column(name).combine_chunks(), name, rows), transform)
+        x = dense_of(table.column(name).combine_chunks(), name, rows)
+        dense[i] = transformed(x, transform)
+        rows.fail(~np.isfinite(dense[i]), BAD_NUMBER,
+                  lambda r, x=x, name=name: f"{name}={float(x[r])!r}: beyond float32")  # fmt: skip
     ids = np.zeros((len(s.sparse), n), dtype=np.int64)
     lists: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for j, (name, multi) in enumerate(zip(s.sparse, s.multi_hot_mask())):
@@ -247,7 +251,8 @@ def transformed(x: np.ndarray, transform: str) -> np.ndarray:
     the encoder applies it once the training split's moments are known)."""
     if transform == "log1p":
         x = np.log1p(np.maximum(x, 0.0))
-    return x.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32 -> inf: the caller fails those rows
+        return x.astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------ parquet

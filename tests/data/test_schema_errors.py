@@ -1,0 +1,70 @@
+"""Hostile input under a user schema: values beyond float32, bad schema keys, files the format does
+not read, malformed headers and columns of the wrong type -> a bad line or one line naming the
+file, column or key (never a traceback, never inf in the shards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import OmegaConf
+
+import dlrm_cache.data.preprocess as pp
+from dlrm_cache.data.config import DenseColumn, SchemaConfig, SparseColumn
+from dlrm_cache.data.format import Manifest
+
+from refdata import pp_config
+
+
+def _schema(fmt: str = "csv", **kw) -> SchemaConfig:
+    return SchemaConfig(
+        format=fmt,
+        header=fmt != "parquet",
+        label="y",
+        dense=[DenseColumn("x", "none"), DenseColumn("z", "standardize")],
+        sparse=[SparseColumn("u")],
+        **kw,
+    )
+
+
+def _run(inp: Path, out: Path, schema: SchemaConfig, **kw) -> Manifest:
+    cfg = pp_config(inp, out, schema=schema, train_fraction=1.0, **kw)
+    return pp.preprocess(OmegaConf.structured(cfg))
+
+
+def _train(out: Path, m: Manifest) -> dict[str, list]:
+    return pa.concat_tables([pq.read_table(out / s) for s in m.splits["train"].shards]).to_pydict()
+
+
+_HUGE = ["1e39", "-1e39", "1e308", "3.5e38"]  # finite in float64, beyond float32
+
+
+def test_dense_beyond_float32_is_a_bad_line(tmp_path: Path) -> None:
+    """Values beyond float32 in a ``none`` or a ``standardize`` column are bad lines; the shards
+    hold exactly the other rows, and the moments are those of the good rows only."""
+    rows = [(k % 2, f"{k}.5", str(k * 3), f"u{k % 5}") for k in range(60)]
+    bad = [(1, h, "1", "u1") for h in _HUGE] + [(0, "1", h, "u2") for h in _HUGE]
+    lines = ["y,x,z,u"] + [",".join(map(str, r)) for r in rows[:30] + bad + rows[30:]]
+    (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
+    m = _run(tmp_path / "a.csv", tmp_path / "ds", _schema())
+    assert m.bad_lines == {"non-number in a dense field": len(bad)}
+    got = _train(tmp_path / "ds", m)
+    assert got["x"] == [float(np.float32(r[1])) for r in rows]
+    z = np.array([float(np.float32(r[2])) for r in rows])
+    want = ((z - z.mean()) / z.std()).astype(np.float32)
+    np.testing.assert_allclose(np.float32(got["z"]), want, rtol=1e-6)
+    assert np.isfinite(got["x"]).all() and np.isfinite(got["z"]).all()
+
+
+def test_parquet_dense_beyond_float32_is_a_bad_row(tmp_path: Path) -> None:
+    n = 40
+    x = [float(k) for k in range(n)]
+    x[3], x[7] = 1e39, -1e300
+    table = pa.table({"y": [k % 2 for k in range(n)], "x": x, "z": [1.0] * n,
+                      "u": [f"u{k}" for k in range(n)]})  # fmt: skip
+    pq.write_table(table, tmp_path / "a.parquet")
+    m = _run(tmp_path / "a.parquet", tmp_path / "ds", _schema("parquet"))
+    assert m.bad_lines == {"non-number in a dense field": 2}
+    assert _train(tmp_path / "ds", m)["x"] == [v for k, v in enumerate(x) if k not in (3, 7)]
