@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from omegaconf import OmegaConf
 
 import dlrm_cache.data.preprocess as pp
@@ -68,3 +69,19 @@ def test_parquet_dense_beyond_float32_is_a_bad_row(tmp_path: Path) -> None:
     m = _run(tmp_path / "a.parquet", tmp_path / "ds", _schema("parquet"))
     assert m.bad_lines == {"non-number in a dense field": 2}
     assert _train(tmp_path / "ds", m)["x"] == [v for k, v in enumerate(x) if k not in (3, 7)]
+
+
+@pytest.mark.parametrize(
+    "sparse,message",
+    [
+        ([SparseColumn("u", hash=-5)], r"schema.sparse: 'u' has hash=-5; a modulus is >= 1"),
+        ([], r"schema.sparse: format=csv needs at least one sparse column"),
+    ],
+)
+def test_schema_keys_refused_in_one_line(tmp_path: Path, sparse: list, message: str) -> None:
+    (tmp_path / "a.csv").write_text("y,x,z,u\n1,1,1,u1\n")
+    schema = _schema()
+    schema.sparse = sparse
+    with pytest.raises(pp.PreprocessError, match=message):
+        _run(tmp_path / "a.csv", tmp_path / "ds", schema)
+    assert not (tmp_path / "ds").exists()
