@@ -85,3 +85,35 @@ def test_schema_keys_refused_in_one_line(tmp_path: Path, sparse: list, message: 
     with pytest.raises(pp.PreprocessError, match=message):
         _run(tmp_path / "a.csv", tmp_path / "ds", schema)
     assert not (tmp_path / "ds").exists()
+
+
+_CSV = "y,x,z,u\n" + "".join(f"{k % 2},{k},{k},u{k % 3}\n" for k in range(30))
+
+
+@pytest.mark.parametrize(
+    "extra,listed",
+    [(["b.parquet"], "b.parquet"), (["b.CSV", "e.csv.bz2", "f.tsv"], "b.CSV, e.csv.bz2, f.tsv")],
+)
+def test_directory_with_files_the_format_does_not_read_is_refused(
+    tmp_path: Path, extra: list[str], listed: str
+) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text(_CSV)
+    for name in extra:
+        (tmp_path / "in" / name).write_text(_CSV)
+    with pytest.raises(pp.PreprocessError, match=rf"holds {listed}, which format=csv does not"):
+        _run(tmp_path / "in", tmp_path / "ds", _schema())
+    assert not (tmp_path / "ds").exists()
+
+
+def test_directory_files_not_read_are_named(tmp_path: Path, capsys) -> None:
+    (tmp_path / "in").mkdir()
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / "in" / name).write_text(_CSV)
+    for name in ("c.txt", "_SUCCESS", ".a.csv.crc"):
+        (tmp_path / "in" / name).write_text("x")
+    m = _run(tmp_path / "in", tmp_path / "ds", _schema())
+    assert m.splits["train"].rows == 60
+    assert "not read (3 file(s) of no input name): .a.csv.crc, _SUCCESS, c.txt" in (
+        capsys.readouterr().out
+    )
