@@ -11,10 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
+from schema_inputs import dataset_digests
 
 import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.config import DenseColumn, SchemaConfig, SparseColumn
 from dlrm_cache.data.format import Manifest
+from dlrm_cache.data.rawtext import InputError
+from dlrm_cache.data.stats import load_feature_stats
 
 from refdata import pp_config
 
@@ -117,3 +120,48 @@ def test_directory_files_not_read_are_named(tmp_path: Path, capsys) -> None:
     assert "not read (3 file(s) of no input name): .a.csv.crc, _SUCCESS, c.txt" in (
         capsys.readouterr().out
     )
+
+
+def _pq(path: Path, n: int = 40, **cols) -> Path:
+    base = {"y": [k % 2 for k in range(n)], "x": [float(k) for k in range(n)], "z": [1.0] * n,
+            "u": [k % 6 if k % 5 else None for k in range(n)]}  # fmt: skip
+    pq.write_table(pa.table({**base, **cols}), path)
+    return path
+
+
+def test_parquet_ids_of_integral_floats_and_big_uint64(tmp_path: Path) -> None:
+    """Float ids holding integers (pandas' integers with nulls) are the integers' ids; a uint64
+    id above int64's max has its top bit cleared like every other id."""
+    n = 40
+    ints = [k % 6 if k % 5 else None for k in range(n)]
+    _run(_pq(tmp_path / "i.parquet"), tmp_path / "ints", _schema("parquet"))
+    floats = pa.array([None if v is None else float(v) for v in ints], pa.float64())
+    _run(_pq(tmp_path / "f.parquet", u=floats), tmp_path / "floats", _schema("parquet"))
+    assert dataset_digests(tmp_path / "floats") == dataset_digests(tmp_path / "ints")
+    big = [(1 << 64) - 1 - (k % 3) for k in range(n)]
+    m = _run(_pq(tmp_path / "u.parquet", u=pa.array(big, pa.uint64())), tmp_path / "u",
+             _schema("parquet"))  # fmt: skip
+    stats = load_feature_stats(tmp_path / "u", m)[0]
+    want = {v & ((1 << 63) - 1): big.count(v) for v in set(big)}
+    assert dict(zip(stats.ids.tolist(), stats.counts.tolist())) == want
+
+
+@pytest.mark.parametrize(
+    "u,message",
+    [
+        (pa.array([1.5] * 40), r"a.parquet: column 'u': ids are integers or strings, not 1.5"),
+        (pa.array([["a"]] * 40), r"a.parquet: column 'u': ids are .*, not list<element: string>"),
+    ],
+)
+def test_parquet_id_column_of_another_type_is_one_error(tmp_path: Path, u, message: str) -> None:
+    with pytest.raises((pp.PreprocessError, InputError), match=message):
+        _run(_pq(tmp_path / "a.parquet", u=u), tmp_path / "ds", _schema("parquet"))
+    assert not (tmp_path / "ds").exists()
+
+
+def test_parquet_string_label_not_a_number_is_a_bad_row(tmp_path: Path) -> None:
+    y = ["1" if k % 3 else "0" for k in range(40)]
+    y[4], y[9], y[11] = "yes", None, "1.0"
+    m = _run(_pq(tmp_path / "a.parquet", y=y), tmp_path / "ds", _schema("parquet"))
+    assert m.bad_lines == {"label not 0/1": 2}
+    assert _train(tmp_path / "ds", m)["label"] == [float(v) for v in y if v in ("0", "1", "1.0")]
