@@ -34,7 +34,7 @@ from .data.files import one_line
 from .data.format import Manifest
 from .data.lists import Lists
 from .data.preprocess.badlines import BadLineLog
-from .data.preprocess.header import first_fields
+from .data.preprocess.header import first_fields, header_problem, refuse_parquet
 from .data.preprocess.parse import bad_part, hash_ids
 from .data.schema import Schema, file_columns
 from .data.stats import FeatureStats, load_feature_stats
@@ -216,13 +216,24 @@ def input_schema(path: Path, schema: Schema) -> tuple[Schema, bool]:
     a text file's header (or field count: the schema's columns, or all but the label) decides."""
     s = replace(schema, columns=list(schema.columns))
     if s.format == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return s, s.label in pq.ParquetFile(path).schema_arrow.names
+        try:
+            return s, s.label in pq.ParquetFile(path).schema_arrow.names
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InputError(
+                f"{path}: not a parquet file, the dataset's format ({one_line(e)})"
+            ) from None
     first = first_fields(path, s.delimiter)
     if s.header:
+        problem = header_problem(first, [n for n in [s.label, *s.dense, *s.sparse]
+                                         if n != s.label or n in first])  # fmt: skip
+        if problem:
+            raise InputError(f"{path}:1: {problem}")
         s.columns = first
         return s, s.label in first
+    refuse_parquet(path, s.format)
     columns = file_columns(s)
     if len(first) == len(columns) - 1:
         s.columns = [c for c in columns if c != s.label]

@@ -17,7 +17,9 @@ import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.config import DenseColumn, SchemaConfig, SparseColumn
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.rawtext import InputError
+from dlrm_cache.data.schema import resolve
 from dlrm_cache.data.stats import load_feature_stats
+from dlrm_cache.rawinput import input_schema
 
 from refdata import pp_config
 
@@ -165,3 +167,36 @@ def test_parquet_string_label_not_a_number_is_a_bad_row(tmp_path: Path) -> None:
     m = _run(_pq(tmp_path / "a.parquet", y=y), tmp_path / "ds", _schema("parquet"))
     assert m.bad_lines == {"label not 0/1": 2}
     assert _train(tmp_path / "ds", m)["label"] == [float(v) for v in y if v in ("0", "1", "1.0")]
+
+
+_HEADERS = {  # first line -> the one-line error, in preprocess and predict alike
+    b"y,x,z\r,u\n": r"a.csv:1: not a header line \(new-line character",
+    b"y,x,u,z,u\n": r"a.csv:1: the header names column 'u' 2 times",
+    b"y\tx\tz\tu\n": r"a.csv:1: the header has no column '[xy]' \(one field: another delimiter\?\)",
+    b"PAR1\x00\x15\n": r"a.csv: a parquet file, but the schema's format is csv",
+}
+
+
+@pytest.mark.parametrize("first", sorted(_HEADERS))
+def test_bad_header_is_one_error_in_preprocess_and_predict(tmp_path: Path, first: bytes) -> None:
+    (tmp_path / "a.csv").write_bytes(first + b"1,2,3,u1\n" * 5)
+    with pytest.raises((pp.PreprocessError, InputError), match=_HEADERS[first]):
+        _run(tmp_path / "a.csv", tmp_path / "ds", _schema())
+    assert not (tmp_path / "ds").exists()
+    with pytest.raises(InputError, match=_HEADERS[first]):
+        input_schema(tmp_path / "a.csv", resolve(_schema(), 0))
+
+
+def test_format_mismatch_names_the_file(tmp_path: Path) -> None:
+    """A parquet file under a csv schema without header, and text under a parquet schema."""
+    _pq(tmp_path / "a.parquet")
+    no_header = _schema(columns=["y", "x", "z", "u"])
+    no_header.header = False
+    message = r"a.parquet: a parquet file, but the schema's format is csv"
+    with pytest.raises((pp.PreprocessError, InputError), match=message):
+        _run(tmp_path / "a.parquet", tmp_path / "ds", no_header)
+    with pytest.raises(InputError, match=message):
+        input_schema(tmp_path / "a.parquet", resolve(no_header, 0))
+    (tmp_path / "a.csv").write_text(_CSV)
+    with pytest.raises(InputError, match=r"a.csv: not a parquet file, the dataset's format"):
+        input_schema(tmp_path / "a.csv", resolve(_schema("parquet"), 0))

@@ -33,7 +33,7 @@ from ..parquet import write_shard as _write_shard  # shards are written through 
 from ..schema import Schema, SchemaError, resolve
 from .build import build
 from .errors import PreprocessError
-from .header import read_header
+from .header import read_header, refuse_parquet
 from .output import (
     SETTINGS,
     build_dir,
@@ -94,6 +94,9 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     if runner.is_main and schema.format != "criteo" and (line := skipped_files(inp, sources)):
         print(line)
     files, file_splits = select_files(cfg, inp, sources)
+    if schema.text and schema.format != "criteo":
+        for path in files:
+            refuse_parquet(path, schema.format)
     if schema.header:
         schema.columns = read_header(files, schema)
     wanted = settings(cfg, files, schema)
