@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -241,6 +242,16 @@ def input_schema(path: Path, schema: Schema) -> tuple[Schema, bool]:
     return s, True
 
 
+def _named(path: Path, blocks: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
+    """``blocks``, with a column-level :class:`InputError` naming ``path`` (as preprocess's)."""
+    try:
+        yield from blocks
+    except InputError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise InputError(f"{path}: {e}") from None
+
+
 def read_schema_rows(
     path: Path,
     schema: Schema,
@@ -261,7 +272,7 @@ def read_schema_rows(
             (tabular.parse_text(b.data, b.first_line, b.first_line == 0, schema), b.bytes_read)
             for b in rawtext.iter_blocks(path, chunk_bytes)
         )
-    for parsed, read in parsed_blocks:
+    for parsed, read in _named(path, parsed_blocks):
         bad.add(path, bad_part(parsed, bad.max_reports), 0)
         for i, name in enumerate(schema.dense):
             if name in schema.moments:
