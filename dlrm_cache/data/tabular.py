@@ -241,9 +241,11 @@ def _kept_lists(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
 
 
 def standardized(x: np.ndarray, moments: list[float]) -> np.ndarray:
-    """A ``standardize`` column's (x - mean) / std (in float64, then float32)."""
+    """A ``standardize`` column's (x - mean) / std (in float64, then float32), clipped to float32's
+    finite range: a value far outside a near-constant training split (std 1e-41) stays finite."""
     mean, std = moments
-    return ((x.astype(np.float64) - mean) / std).astype(np.float32)
+    big = float(np.finfo(np.float32).max)
+    return np.clip((x.astype(np.float64) - mean) / std, -big, big).astype(np.float32)
 
 
 def transformed(x: np.ndarray, transform: str) -> np.ndarray:

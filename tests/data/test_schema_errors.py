@@ -19,6 +19,7 @@ from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.rawtext import InputError
 from dlrm_cache.data.schema import resolve
 from dlrm_cache.data.stats import load_feature_stats
+from dlrm_cache.data.tabular import standardized
 from dlrm_cache.rawinput import input_schema
 
 from refdata import pp_config
@@ -200,3 +201,11 @@ def test_format_mismatch_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text(_CSV)
     with pytest.raises(InputError, match=r"a.csv: not a parquet file, the dataset's format"):
         input_schema(tmp_path / "a.csv", resolve(_schema("parquet"), 0))
+
+
+def test_standardized_value_far_outside_the_training_split_stays_finite() -> None:
+    """Training values 0 and 1e-40 (std 5e-41): a later 1.0 would be 2e40, beyond float32."""
+    tiny = float(np.float32(5e-41))  # subnormal: the mean as float32 holds it
+    got = standardized(np.array([1.0, -1.0, tiny], np.float32), [tiny, tiny])
+    big = np.finfo(np.float32).max
+    assert got.tolist() == [float(big), -float(big), 0.0]
