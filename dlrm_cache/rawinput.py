@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from .data.files import one_line
 from .data.format import Manifest
 from .data.lists import Lists
 from .data.preprocess.badlines import BadLineLog
-from .data.preprocess.header import first_fields
+from .data.preprocess.header import first_fields, header_problem, refuse_parquet
 from .data.preprocess.parse import bad_part, hash_ids
 from .data.schema import Schema, file_columns
 from .data.stats import FeatureStats, load_feature_stats
@@ -216,18 +217,39 @@ def input_schema(path: Path, schema: Schema) -> tuple[Schema, bool]:
     a text file's header (or field count: the schema's columns, or all but the label) decides."""
     s = replace(schema, columns=list(schema.columns))
     if s.format == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return s, s.label in pq.ParquetFile(path).schema_arrow.names
+        try:
+            return s, s.label in pq.ParquetFile(path).schema_arrow.names
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InputError(
+                f"{path}: not a parquet file, the dataset's format ({one_line(e)})"
+            ) from None
     first = first_fields(path, s.delimiter)
     if s.header:
+        problem = header_problem(first, [n for n in [s.label, *s.dense, *s.sparse]
+                                         if n != s.label or n in first])  # fmt: skip
+        if problem:
+            raise InputError(f"{path}:1: {problem}")
         s.columns = first
         return s, s.label in first
+    refuse_parquet(path, s.format)
     columns = file_columns(s)
     if len(first) == len(columns) - 1:
         s.columns = [c for c in columns if c != s.label]
         return s, False
     return s, True
+
+
+def _named(path: Path, blocks: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
+    """``blocks``, with a column-level :class:`InputError` naming ``path`` (as preprocess's)."""
+    try:
+        yield from blocks
+    except InputError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise InputError(f"{path}: {e}") from None
 
 
 def read_schema_rows(
@@ -250,7 +272,7 @@ def read_schema_rows(
             (tabular.parse_text(b.data, b.first_line, b.first_line == 0, schema), b.bytes_read)
             for b in rawtext.iter_blocks(path, chunk_bytes)
         )
-    for parsed, read in parsed_blocks:
+    for parsed, read in _named(path, parsed_blocks):
         bad.add(path, bad_part(parsed, bad.max_reports), 0)
         for i, name in enumerate(schema.dense):
             if name in schema.moments:

@@ -94,6 +94,14 @@ def _chain(tmp_path: Path, multi_hot: bool) -> None:
     np.testing.assert_array_equal(raw[-len(split) :], split)
     if multi_hot:  # jagged blocks joined and cut across batches
         _tail_in_batches(tmp_path, len(split))
+    else:  # a one-hot column of lists: one line naming the file and the column
+        t = pq.read_table(tmp_path / "input.parquet")
+        lists = pa.array([[v] for v in t.column("cat0").to_pylist()])
+        pq.write_table(t.set_column(1 + 5, "cat0", lists), tmp_path / "lists.parquet")
+        r = run_cli("predict", "checkpoint=run", "input=lists.parquet", "output=l.parquet",
+                    cwd=tmp_path)  # fmt: skip
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert "lists.parquet: column 'cat0': ids are integers or strings" in r.stderr
     _ok(run_cli("export", "checkpoint=run", "output=exp", cwd=tmp_path))
     _export_describes_schema(tmp_path, multi_hot)
     r = run_cli("verify", "ds", cwd=tmp_path)

@@ -119,12 +119,17 @@ def resolve(cfg: Any, hash_modulus: int) -> Schema:
         for c in _attr(cfg, "sparse")
     ]
     dense = [(str(_attr(c, "name")), str(_attr(c, "transform"))) for c in _attr(cfg, "dense")]
+    for name, _, h in sparse:
+        if h < 0:
+            raise SchemaError(
+                f"schema.sparse: {name!r} has hash={h}; a modulus is >= 1 (0: hash_modulus)"
+            )
     if fmt == "criteo":
         if _attr(cfg, "header") or list(_attr(cfg, "columns")) or _attr(cfg, "label") != LABEL:
             raise SchemaError("schema: format=criteo has no header, fixed columns and 'label'")
         return _criteo(sparse, dense, hash_modulus)
-    if not sparse and not dense:
-        raise SchemaError(f"schema.format={fmt}: schema.dense and schema.sparse name no column")
+    if not sparse:
+        raise SchemaError(f"schema.sparse: format={fmt} needs at least one sparse column")
     s = Schema(
         format=fmt,
         header=bool(_attr(cfg, "header")),

@@ -9,7 +9,8 @@ first failing check names its reason:
   an unbalanced ``"`` (CSV; a quoted field never spans lines);
 * ``"label not 0/1"``: the label is empty/null or anything but 0 or 1;
 * ``"non-number in a dense field"``: a dense value that is not a finite decimal number
-  (``[+-]digits[.digits][e[+-]digits]``; empty/null is 0);
+  (``[+-]digits[.digits][e[+-]digits]``; empty/null is 0), or whose float32 value after the
+  column's transform is not finite (``1e39`` under ``none``: the shards hold float32);
 * ``"empty id in a list"``: a multi-hot field with an empty element (``a||b``) or a null element;
 * ``format: criteo`` with multi-hot columns reads through here too: its ids must be 1-8 hex
   digits (``"categorical not 1-8 hex digits"``), its dense values are numbers as above.
@@ -206,7 +207,10 @@ def _finish(table, label, rows, skip, first_line, s, dense_of, sparse_of) -> cri
     n = len(label)
     dense = np.zeros((len(s.dense), n), dtype=np.float32)
     for i, (name, transform) in enumerate(zip(s.dense, s.transforms)):
-        dense[i] = transformed(dense_of(table.column(name).combine_chunks(), name, rows), transform)
+        x = dense_of(table.column(name).combine_chunks(), name, rows)
+        dense[i] = transformed(x, transform)
+        rows.fail(~np.isfinite(dense[i]), BAD_NUMBER,
+                  lambda r, x=x, name=name: f"{name}={float(x[r])!r}: beyond float32")  # fmt: skip
     ids = np.zeros((len(s.sparse), n), dtype=np.int64)
     lists: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for j, (name, multi) in enumerate(zip(s.sparse, s.multi_hot_mask())):
@@ -237,9 +241,11 @@ def _kept_lists(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
 
 
 def standardized(x: np.ndarray, moments: list[float]) -> np.ndarray:
-    """A ``standardize`` column's (x - mean) / std (in float64, then float32)."""
+    """A ``standardize`` column's (x - mean) / std (in float64, then float32), clipped to float32's
+    finite range: a value far outside a near-constant training split (std 1e-41) stays finite."""
     mean, std = moments
-    return ((x.astype(np.float64) - mean) / std).astype(np.float32)
+    big = float(np.finfo(np.float32).max)
+    return np.clip((x.astype(np.float64) - mean) / std, -big, big).astype(np.float32)
 
 
 def transformed(x: np.ndarray, transform: str) -> np.ndarray:
@@ -247,7 +253,8 @@ def transformed(x: np.ndarray, transform: str) -> np.ndarray:
     the encoder applies it once the training split's moments are known)."""
     if transform == "log1p":
         x = np.log1p(np.maximum(x, 0.0))
-    return x.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32 -> inf: the caller fails those rows
+        return x.astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------ parquet
@@ -287,11 +294,32 @@ def parse_parquet(table: pa.Table, first_row: int, s: Schema) -> criteo.Parsed:
         zeros = np.zeros(table.num_rows, dtype=np.float32)
         return _finish(table, zeros, rows, skip, first_row, s, _pq_dense, _pq_sparse)
     col = _plain(table.column(s.label).combine_chunks())
-    y = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    y = _pq_label(col, s.label)
     ok = ~np.isnan(y) & ((y == 0) | (y == 1))
     rows.fail(~ok, criteo.BAD_LABEL, lambda r: f"{s.label}={col[r].as_py()!r}")
     label = np.where(ok, y, 0).astype(np.float32)
     return _finish(table, label, rows, skip, first_row, s, _pq_dense, _pq_sparse)
+
+
+def _pq_label(col: pa.Array, name: str) -> np.ndarray:
+    """float64 label values; NaN where it is null or (strings) not a number, so the row is bad."""
+    if _is_text(col.type):
+        col = pc.cast(col, pa.string())
+        ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
+        col = pc.if_else(ok, col, pa.scalar(None, pa.string()))
+    elif not (_is_number(col.type) or pa.types.is_null(col.type)):
+        raise rawtext.InputError(f"column {name!r}: a label holds 0/1 (numbers), not {col.type}")
+    return pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))  # fmt: skip
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+            or pa.types.is_decimal(t))  # fmt: skip
 
 
 def _plain(col: pa.Array) -> pa.Array:
@@ -300,8 +328,7 @@ def _plain(col: pa.Array) -> pa.Array:
 
 def _pq_dense(col: pa.Array, name: str, rows: _Rows) -> np.ndarray:
     col = _plain(col)
-    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
-            or pa.types.is_boolean(col.type) or pa.types.is_decimal(col.type)):  # fmt: skip
+    if not _is_number(col.type):
         raise rawtext.InputError(f"column {name!r}: a dense column holds numbers, not {col.type}")
     values = pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
     rows.fail(~np.isfinite(values), BAD_NUMBER, lambda r: f"{name}={col[r].as_py()!r}")
@@ -311,7 +338,7 @@ def _pq_dense(col: pa.Array, name: str, rows: _Rows) -> np.ndarray:
 def _pq_sparse(col: pa.Array, name: str, multi: bool, s: Schema, rows: _Rows):
     col = _plain(col)
     if not multi:
-        return _pq_ids(col)
+        return _pq_ids(col, name)
     if not pa.types.is_list(col.type) and not pa.types.is_large_list(col.type):
         raise rawtext.InputError(f"column {name!r}: multi-hot needs a list column, not {col.type}")
     col = pc.fill_null(col, pa.scalar([], col.type))
@@ -322,14 +349,25 @@ def _pq_sparse(col: pa.Array, name: str, multi: bool, s: Schema, rows: _Rows):
         row_bad = np.zeros(len(col), dtype=bool)
         row_bad[owner[flat.is_null().to_numpy(zero_copy_only=False)]] = True
         rows.fail(row_bad, BAD_LIST, name)
-    return _pq_ids(flat), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    return _pq_ids(flat, name), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
 
 
-def _pq_ids(col: pa.Array) -> np.ndarray:
-    """Ids of a parquet column (see :mod:`.schema`); null -> MISSING_ID."""
+def _pq_ids(col: pa.Array, name: str) -> np.ndarray:
+    """Ids of a parquet column (see :mod:`.schema`); null -> MISSING_ID.  Integers (any width,
+    unsigned too: the top bit cleared), booleans, strings/binaries, and floats holding integers
+    (pandas stores an integer column with nulls as float64); anything else is refused."""
     null = col.is_null().to_numpy(zero_copy_only=False)
-    if pa.types.is_integer(col.type) or pa.types.is_boolean(col.type):
-        ids = int_ids(pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(zero_copy_only=False))
+    if pa.types.is_boolean(col.type):
+        col = pc.cast(col, pa.int8())
+    if pa.types.is_floating(col.type):
+        ids = _float_ids(col, name)
+    elif pa.types.is_integer(col.type):
+        ids = int_ids(pc.fill_null(col, 0).to_numpy(zero_copy_only=False))
+    elif not (_is_text(col.type) or pa.types.is_null(col.type)):  # all null: MISSING_ID
+        raise rawtext.InputError(
+            f"column {name!r}: ids are integers or strings (a list column needs multi_hot: true),"
+            f" not {col.type}"
+        )
     else:
         col = pc.cast(col, pa.large_binary() if pa.types.is_large_string(col.type) or
                       pa.types.is_large_binary(col.type) else pa.binary())  # fmt: skip
@@ -337,3 +375,13 @@ def _pq_ids(col: pa.Array) -> np.ndarray:
         offsets, data, _ = criteo.binary_buffers(col)
         ids = fnv1a(offsets - offsets[0], data[offsets[0] :])
     return np.where(null, MISSING_ID, ids)
+
+
+def _float_ids(col: pa.Array, name: str) -> np.ndarray:
+    """Ids of a float column whose values are integers (beyond int64: refused like 1.5)."""
+    x = pc.fill_null(col, 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = ~np.isfinite(x) | (x != np.floor(x)) | (np.abs(x) >= 2.0**63)
+    if bad.any():
+        v = float(x[np.flatnonzero(bad)[0]])
+        raise rawtext.InputError(f"column {name!r}: ids are integers or strings, not {v!r}")
+    return int_ids(x.astype(np.int64))

@@ -170,8 +170,8 @@ def test_text_exact_against_reference(tmp_path: Path, fmt: str, header: bool) ->
     schema = _schema(fmt, header, columns=[] if header else
                      ["clicked", "price", "age", "user", "item", "tags"])  # fmt: skip
     m = _run(tmp_path / "data.txt", tmp_path / "ds", schema)
-    total = len(rows) + header + (len(BAD) if fmt == "csv" else 0)
-    want, sizes = _reference(rows, int(header), total)
+    total = len(rows) + (len(BAD) if fmt == "csv" else 0)  # data lines: not the header
+    want, sizes = _reference(rows, 0, total)
     assert m.sparse_names == ["user", "item", "tags"] and m.multi_hot == ["tags"]
     assert m.dense_names == ["price", "age"]
     assert dict(zip(m.sparse_names, m.table_sizes)) == sizes
@@ -186,6 +186,7 @@ def test_text_exact_against_reference(tmp_path: Path, fmt: str, header: bool) ->
             )
     if fmt == "csv":
         assert m.bad_lines == dict(Counter(BAD.values()))
+    assert m.split_spec["total_lines"] == total
     assert Schema.load(tmp_path / "ds").hashes == [0, 7, 0]
 
 

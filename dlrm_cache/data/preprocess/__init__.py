@@ -33,7 +33,7 @@ from ..parquet import write_shard as _write_shard  # shards are written through 
 from ..schema import Schema, SchemaError, resolve
 from .build import build
 from .errors import PreprocessError
-from .header import read_header
+from .header import read_header, refuse_parquet
 from .output import (
     SETTINGS,
     build_dir,
@@ -43,7 +43,7 @@ from .output import (
     publish,
     settings,
 )
-from .sources import find_sources, select_files
+from .sources import find_sources, select_files, skipped_files
 from .workers import Runner, available_cores
 
 __all__ = ["PreprocessError", "SETTINGS", "preprocess"]
@@ -91,7 +91,12 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
         check_output(out, "output", [("input", p) for p in [inp, *sources]], makes=DATASET)
     except UnsafeOutput as e:
         raise PreprocessError(str(e)) from None
+    if runner.is_main and schema.format != "criteo" and (line := skipped_files(inp, sources)):
+        print(line)
     files, file_splits = select_files(cfg, inp, sources)
+    if schema.text and schema.format != "criteo":
+        for path in files:
+            refuse_parquet(path, schema.format)
     if schema.header:
         schema.columns = read_header(files, schema)
     wanted = settings(cfg, files, schema)

@@ -100,8 +100,9 @@ def build(
     timings.wall["parse"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    file_lines, spans = _line_offsets(tasks, parts, len(files))
-    plan = plan_splits(cfg, files, file_splits, file_lines)
+    header = int(schema.header)
+    file_lines, spans = _line_offsets(tasks, parts, len(files), header)
+    plan = plan_splits(cfg, files, file_splits, [n - header for n in file_lines], header)
     bad = BadLineLog(str(cfg.bad_lines), int(cfg.bad_line_reports))
     for part, span in zip(parts, spans):
         bad.add(files[part.file], part, span.file_line)
@@ -159,9 +160,10 @@ def build(
 
 
 def _line_offsets(
-    tasks: list, parts: list[parse.Part], n_files: int
+    tasks: list, parts: list[parse.Part], n_files: int, header: int
 ) -> tuple[list[int], list[count.PartSpan]]:
-    """Lines per file, and each part's first line in its file and its file's first line overall."""
+    """Lines per file, and each part's first line in its file and its file's first data line
+    among all files' data lines (``header``: lines per file that are not data)."""
     task_lines = [0] * len(tasks)
     for p in parts:
         task_lines[p.task] += p.num_lines
@@ -170,7 +172,8 @@ def _line_offsets(
     for task in tasks:
         task_first[task.index] = file_lines[task.file]
         file_lines[task.file] += task_lines[task.index]
-    file_first = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
+    data_lines = [max(n - header, 0) for n in file_lines]
+    file_first = np.concatenate(([0], np.cumsum(data_lines)[:-1])).astype(int).tolist()
     spans = [
         count.PartSpan(p.prefix, p.file, task_first[p.task] + p.first_line, file_first[p.file])
         for p in parts

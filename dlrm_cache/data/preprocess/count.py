@@ -30,7 +30,7 @@ class PartSpan:
     prefix: str
     file: int
     file_line: int  # file-local index of the part's first line
-    global_line: int  # index of the file's first line among all files
+    global_line: int  # index of the file's first data line among all files' data lines
 
 
 def split_rows(plan: SplitPlan, span: PartSpan) -> list[int]:

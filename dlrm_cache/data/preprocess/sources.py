@@ -10,6 +10,7 @@ cannot change the output: the task list is a unit of work, not of meaning.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ def find_sources(inp: Path, suffix: str = "") -> list[Path]:
         and p.name.endswith((suffix, f"{suffix}.gz" if suffix != ".parquet" else suffix))
         and p.is_file()
     )
+    if suffix:
+        _refuse_foreign(inp, suffix, named)
     if named:
         return [p.resolve() for p in named]
     for name in ("train.txt", "train.txt.gz"):
@@ -62,6 +65,46 @@ def find_sources(inp: Path, suffix: str = "") -> list[Path]:
             return [(inp / name).resolve()]
     also = f" or *{suffix}" if suffix else ""
     raise PreprocessError(f"input {inp}: no day_N[.gz]{also} or train.txt[.gz] files in it")
+
+
+# a data file by its name (any case, any compression): read, or refused when another format's
+_DATA_NAME = re.compile(r"\.(csv|tsv|parquet)(\.[A-Za-z0-9]+)?$", re.IGNORECASE)
+
+
+def _pattern(suffix: str) -> str:
+    return f"*{suffix}" if suffix == ".parquet" else f"*{suffix}[.gz]"
+
+
+def _refuse_foreign(inp: Path, suffix: str, named: list[Path]) -> None:
+    """A directory holding data files this format does not read (another format, ``.CSV``,
+    ``.csv.bz2``) is refused: reading only part of what the user gave would be a silent loss.
+    Hidden and ``_``-prefixed files (``.crc``, ``_SUCCESS``) are not data."""
+    foreign = sorted(
+        p.name
+        for p in inp.iterdir()
+        if p.is_file() and p not in named and _DATA_NAME.search(p.name)
+        and not p.name.startswith((".", "_"))
+    )  # fmt: skip
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (
+            f" (+{len(foreign) - 5} more)" if len(foreign) > 5 else ""
+        )
+        raise PreprocessError(
+            f"input {inp}: holds {listed}, which format={suffix[1:]} does not read (it reads"
+            f" {_pattern(suffix)}): move them out, or give one file as input="
+        )
+
+
+def skipped_files(inp: Path, sources: list[Path]) -> str:
+    """'' or the line naming the files of input directory ``inp`` that are not read."""
+    if not inp.is_dir():
+        return ""
+    read = set(sources)
+    other = sorted(p.name for p in inp.iterdir() if p.is_file() and p.resolve() not in read)
+    if not other:
+        return ""
+    listed = ", ".join(other[:5]) + (f" (+{len(other) - 5} more)" if len(other) > 5 else "")
+    return f"preprocess: input {inp}: not read ({len(other)} file(s) of no input name): {listed}"
 
 
 def fingerprint(path: Path) -> dict[str, Any]:

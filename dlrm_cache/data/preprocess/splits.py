@@ -1,6 +1,7 @@
 """Which split (train, val, test) each line belongs to: by line position or by file.
 
-Split boundaries are physical line positions, so malformed lines still occupy their place.  The
+Split boundaries are physical line positions, so malformed lines still occupy their place; a
+header line (``schema.header``) is not a data line and occupies none.  The
 plan is made once every file's line count is known (after parsing), so no pass counts lines: within
 one file the lines of each split are consecutive, train first (a file is one split, or halved into
 val then test; with ``split: fraction`` train is a prefix of all lines).
@@ -24,6 +25,7 @@ class SplitPlan:
 
     fraction: by line position over the concatenated files (``bounds`` = train end, val end, total).
     day: per file a split name, or "halve" (first half of its lines val, the rest test).
+    Positions count data lines: ``header`` (0 or 1) leading lines of every file are not counted.
     """
 
     kind: str
@@ -31,10 +33,12 @@ class SplitPlan:
     bounds: tuple[int, int, int] = (0, 0, 0)
     file_splits: list[str] = field(default_factory=list)
     halve_at: dict[int, int] = field(default_factory=dict)
+    header: int = 0
 
     def codes(self, i: int, offset: int, lines: np.ndarray) -> np.ndarray:
         """Split index (0 train, 1 val, 2 test) of file-local line indices of file i, whose first
-        line is line ``offset`` of all files."""
+        data line is data line ``offset`` of all files."""
+        lines = lines - self.header
         if self.kind == "fraction":
             return np.searchsorted(np.array(self.bounds[:2]), lines + offset, side="right").astype(
                 np.int8
@@ -64,9 +68,10 @@ class SplitPlan:
 
 
 def plan_splits(
-    cfg: Any, files: list[Path], file_splits: list[str], file_lines: list[int]
+    cfg: Any, files: list[Path], file_splits: list[str], file_lines: list[int], header: int = 0
 ) -> SplitPlan:
-    """The split plan for files with ``file_lines`` physical lines each."""
+    """The split plan for files with ``file_lines`` data lines each (``header``: lines before
+    them in every file)."""
     if cfg.split == "fraction":
         total = sum(file_lines)
         if int(cfg.total_lines) and int(cfg.total_lines) != total:
@@ -76,6 +81,6 @@ def plan_splits(
             )
         n_train = int(total * float(cfg.train_fraction))
         n_val = (total - n_train) // 2
-        return SplitPlan("fraction", files, bounds=(n_train, n_train + n_val, total))
+        return SplitPlan("fraction", files, bounds=(n_train, n_train + n_val, total), header=header)
     halve_at = {i: file_lines[i] // 2 for i, s in enumerate(file_splits) if s == "halve"}
-    return SplitPlan("day", files, file_splits=file_splits, halve_at=halve_at)
+    return SplitPlan("day", files, file_splits=file_splits, halve_at=halve_at, header=header)
