@@ -335,7 +335,11 @@ def _answer(who: str, text: Callable[[], str]) -> None:
 def config_error(e: BaseException) -> str:
     """A Hydra/OmegaConf composition error on one line: what failed, why (the cause's first line),
     and for a missing group option the ones there are."""
-    first = str(e).split("\n", 1)[0]
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    first = lines[0] if lines else type(e).__name__
+    if first.endswith(":") and len(lines) > 1:  # "In 'schema/x': ValidationError raised ...:"
+        key = next((line for line in lines[2:] if line.startswith("full_key:")), None)
+        return f"{first} {lines[1]}" + (f" ({key})" if key else "")
     if isinstance(e, MissingConfigException) and "Available options" in str(e):
         listed = str(e).split("Available options", 1)[1].split("Config search path", 1)[0]
         options = [o.strip() for o in listed.splitlines()[1:] if o.strip()]

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from launching import run_cli
 from omegaconf import OmegaConf
 from schema_inputs import dataset_digests
 
@@ -209,3 +210,27 @@ def test_standardized_value_far_outside_the_training_split_stays_finite() -> Non
     got = standardized(np.array([1.0, -1.0, tiny], np.float32), [tiny, tiny])
     big = np.finfo(np.float32).max
     assert got.tolist() == [float(big), -float(big), 0.0]
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("{name: x, transform: sqrt}", "Invalid value 'sqrt', expected one of"),
+        ("{name: x, trasform: log1p}", "Key 'trasform' not in 'DenseColumn'"),
+    ],
+)
+def test_a_bad_schema_file_says_which_key_and_why(tmp_path: Path, entry: str, reason: str):
+    """Hydra reports a bad schema file's reason on the lines after 'raised while composing
+    config:'; the one error line keeps it and the key."""
+    (tmp_path / "conf" / "schema").mkdir(parents=True)
+    (tmp_path / "conf" / "schema" / "bad.yaml").write_text(
+        f"format: csv\nheader: true\nlabel: y\ndense: [{entry}]\nsparse: [{{name: u}}]\n"
+    )
+    (tmp_path / "in.csv").write_text("y,x,u\n1,2,a\n")
+    res = run_cli("preprocess", "input=in.csv", "output=out", "schema=bad",
+                  f"hydra.searchpath=[file://{tmp_path / 'conf'}]", cwd=tmp_path,
+                  plain_errors=True)  # fmt: skip
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert "In 'schema/bad'" in lines[0] and reason in lines[0] and "full_key:" in lines[0]
+    assert not (tmp_path / "out").exists()
