@@ -274,6 +274,9 @@ def test_raw_input_of_a_materialized_multi_hot_set_is_refused(
     raw = tmp_path / "raw.txt"
     raw.write_bytes(b"\n".join(raw_test_lines) + b"\n")
     out = tmp_path / "p.parquet"
+    # predict's own stderr only: an in-process Hydra run of an earlier test may have left a log
+    # handler on its closed capture, which the in-process train above reports on stderr
+    capsys.readouterr()
     code, _, err = run_predict(capsys, f"checkpoint={run}", f"input={raw}", f"output={out}")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert f"input={raw}: the run's dataset" in err and "score a processed split" in err, err
