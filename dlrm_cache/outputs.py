@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .layout import CKPT_DENSE, CKPT_META, MANIFEST, METRICS
 
@@ -109,9 +110,17 @@ def stop_on_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) 
     def stop(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in signals}
+    with signal_handlers(signals, stop):
+        yield
+
+
+@contextlib.contextmanager
+def signal_handlers(signals: tuple[int, ...], handler: Callable[..., Any]) -> Iterator[None]:
+    """``handler`` for ``signals`` inside the block, the previous handlers back after it (main
+    thread only, as ``signal.signal``)."""
+    previous = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..console import say
+from ..outputs import signal_handlers
 from ..parallel.dist import DistInfo
 from ..streams import streams_for
 from .checkpoint import step_dir
@@ -47,12 +48,10 @@ def stop_signals() -> Iterator[None]:
         yield
         return
     _received.clear()
-    old = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     try:
-        yield
+        with signal_handlers(STOP_SIGNALS, _on_signal):
+            yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
         _received.clear()
 
 
