@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
+from shards import write_split
 
 from dlrm_cache.data.format import (
     DENSE_NAMES,
@@ -15,9 +15,7 @@ from dlrm_cache.data.format import (
     SCHEMA_VERSION,
     SPARSE_NAMES,
     Manifest,
-    SplitInfo,
 )
-from dlrm_cache.data.parquet import write_parquet
 
 
 def write_dataset(
@@ -26,10 +24,9 @@ def write_dataset(
     rng = np.random.default_rng(seed)
     effects = [rng.normal(0, 1.0, n) for n in table_sizes]
     w = rng.normal(0, 0.5, len(DENSE_NAMES))
-    splits = {}
-    for split, n in rows.items():
-        shards, counts = [], []
-        for k, lo in enumerate(range(0, n, shard_rows)):
+
+    def shard_tables(n: int):
+        for lo in range(0, n, shard_rows):
             m = min(shard_rows, n - lo)
             dense = rng.exponential(1.0, (m, len(DENSE_NAMES))).astype(np.float32)
             # power-law ids: rank r drawn with probability ~ 1/(r+1)
@@ -44,12 +41,9 @@ def write_dataset(
                     for j, n_ in enumerate(SPARSE_NAMES[: len(table_sizes)])
                 }
             )
-            rel = f"{split}/part-{k:05d}.parquet"
-            (root / split).mkdir(parents=True, exist_ok=True)
-            write_parquet(pa.table(cols), root / rel)
-            shards.append(rel)
-            counts.append(m)
-        splits[split] = SplitInfo(rows=n, shards=shards, shard_rows=counts)
+            yield cols
+
+    splits = {split: write_split(root, split, shard_tables(n)) for split, n in rows.items()}
     stats = root / "stats"
     stats.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(

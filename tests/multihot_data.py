@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from shards import write_split
 
 from dlrm_cache.data.files import sha256_file
 from dlrm_cache.data.format import DENSE_NAMES, LABEL, SCHEMA_VERSION, Manifest, SplitInfo
@@ -89,21 +90,22 @@ def _write_split(root, split, data, names, stats, multi_hot, shard_rows) -> Spli
         rank = np.full(int(max(ids.max(initial=0), st.ids.max(initial=0))) + 1, len(st.ids))
         rank[st.ids] = np.arange(len(st.ids))
         ranked.append((np.concatenate([[0], np.cumsum(lengths)]), rank[ids].astype(np.int32)))
-    (root / split).mkdir(parents=True, exist_ok=True)
-    shards, counts = [], []
-    n = len(labels)
-    for k, lo in enumerate(range(0, n, shard_rows)):
-        hi = min(n, lo + shard_rows)
-        table = {LABEL: labels[lo:hi], **{d: dense[lo:hi, i] for i, d in enumerate(DENSE_NAMES)}}
-        for f, (offsets, ids) in zip(names, ranked):
-            part = ids[offsets[lo] : offsets[hi]]
-            if f in multi_hot:
-                o = (offsets[lo : hi + 1] - offsets[lo]).astype(np.int32)
-                table[f] = pa.ListArray.from_arrays(pa.array(o), pa.array(part))
-            else:
-                table[f] = part
-        rel = f"{split}/part-{k:05d}.parquet"
-        write_shard(pa.table(table), root / rel)
-        shards.append(rel)
-        counts.append(hi - lo)
-    return SplitInfo(rows=n, shards=shards, shard_rows=counts)
+
+    def shard_tables():
+        n = len(labels)
+        for lo in range(0, n, shard_rows):
+            hi = min(n, lo + shard_rows)
+            table = {
+                LABEL: labels[lo:hi],
+                **{d: dense[lo:hi, i] for i, d in enumerate(DENSE_NAMES)},
+            }
+            for f, (offsets, ids) in zip(names, ranked):
+                part = ids[offsets[lo] : offsets[hi]]
+                if f in multi_hot:
+                    o = (offsets[lo : hi + 1] - offsets[lo]).astype(np.int32)
+                    table[f] = pa.ListArray.from_arrays(pa.array(o), pa.array(part))
+                else:
+                    table[f] = part
+            yield table
+
+    return write_split(root, split, shard_tables(), write_shard)

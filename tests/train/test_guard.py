@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
+from shards import write_split
 from test_integrity import cli, one_line, train_args
 
 from dlrm_cache.data.format import (
@@ -17,9 +17,7 @@ from dlrm_cache.data.format import (
     SCHEMA_VERSION,
     SPARSE_NAMES,
     Manifest,
-    SplitInfo,
 )
-from dlrm_cache.data.parquet import write_parquet
 from dlrm_cache.train.guard import CHANCE, LossGuard
 
 SIZES = [20, 20]
@@ -30,9 +28,8 @@ def _confident(root: Path, damaged: bool = False) -> Path:
     of itself (mean loss ~0.005) and each flipped label costs ~15, over 1000x a typical sample.
     ``damaged``: the second training shard's dense values 10^4 times what they were."""
     rng = np.random.default_rng(0)
-    splits = {}
-    for split, n, parts in (("train", 2400, 2), ("val", 500, 1)):
-        shards, rows = [], []
+
+    def shard_tables(split: str, n: int, parts: int):
         for k in range(parts):
             m = n // parts
             ids = [rng.integers(0, s, m) for s in SIZES]
@@ -45,12 +42,12 @@ def _confident(root: Path, damaged: bool = False) -> Path:
                 dense *= 1e4
             cols = {LABEL: labels, **dict(zip(DENSE_NAMES, dense))}
             cols.update({nm: i.astype(np.int32) for nm, i in zip(SPARSE_NAMES, ids)})
-            rel = f"{split}/part-{k:05d}.parquet"
-            (root / split).mkdir(parents=True, exist_ok=True)
-            write_parquet(pa.table(cols), root / rel)
-            shards.append(rel)
-            rows.append(m)
-        splits[split] = SplitInfo(sum(rows), shards, rows)
+            yield cols
+
+    splits = {
+        split: write_split(root, split, shard_tables(split, n, parts))
+        for split, n, parts in (("train", 2400, 2), ("val", 500, 1))
+    }
     Manifest(
         SCHEMA_VERSION, SIZES, splits, "none", 1, 0, [], sparse_names=SPARSE_NAMES[: len(SIZES)]
     ).save(root)
