@@ -25,7 +25,6 @@ shards (count, then encode), each a job per shard run by the preprocess workers.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -219,7 +218,7 @@ def materialize(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     preprocess's guarantees: a temporary sibling directory renamed into place, manifest last, an
     up-to-date output reused, another one replaced only with ``overwrite``."""
     from ..outputs import DATASET, UnsafeOutput, check_output
-    from .preprocess.output import build_dir, publish
+    from .preprocess.output import prepare, publish
 
     source, sizes = _source(cfg, inp)
     check_room(sizes, source, out, runner.workers)
@@ -231,16 +230,8 @@ def materialize(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
         }
     except (UnsafeOutput, ValueError, OSError) as e:
         raise PreprocessError(one_line(e)) from None
-    reused, root = None, None
-    if runner.is_main:
-        reused = _prepare(out, wanted, bool(cfg.overwrite))
-        root = None if reused is not None else build_dir(out, os.getpid())
-        if root is not None:
-            root.mkdir()
-    reused, root = runner.share((reused, root))
+    reused, root = prepare(out, wanted, bool(cfg.overwrite), runner)
     if reused is not None:
-        if runner.is_main:
-            print(f"preprocess: up to date, reusing {out}")
         return reused
     assert root is not None
 
@@ -281,18 +272,6 @@ def _source(cfg: Any, inp: Path) -> tuple[Manifest, list[int]]:
     except ValueError as e:
         raise PreprocessError(str(e)) from None
     return source, sizes
-
-
-def _prepare(out: Path, wanted: dict[str, Any], overwrite: bool) -> Manifest | None:
-    """The reusable dataset at ``out``, or None after making room for a new one."""
-    from .preprocess.output import check_replaceable, check_reuse, clean_stale
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(out)
-    reused = check_reuse(out, wanted, overwrite)
-    if reused is None:
-        check_replaceable(out)
-    return reused
 
 
 def settings(cfg: Any, source: Manifest, sizes: list[int]) -> dict[str, Any]:

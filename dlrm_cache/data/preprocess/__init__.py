@@ -20,7 +20,6 @@ value stays :data:`..format.MISSING_ID`, its own row, so a table has at most m +
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,7 @@ from ..schema import Schema, SchemaError, resolve
 from .build import build
 from .errors import PreprocessError
 from .header import read_header, refuse_parquet
-from .output import (
-    SETTINGS,
-    build_dir,
-    check_replaceable,
-    check_reuse,
-    clean_stale,
-    publish,
-    settings,
-)
+from .output import SETTINGS, prepare, publish, settings
 from .sources import find_sources, select_files, skipped_files
 from .workers import Runner, available_cores
 
@@ -100,25 +91,10 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     if schema.header:
         schema.columns = read_header(files, schema)
     wanted = settings(cfg, files, schema)
-    reused, root = None, None
-    if runner.is_main:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale(out)
-        reused = check_reuse(out, wanted, bool(cfg.overwrite))
-        if reused is None:
-            check_replaceable(out)
-            root = build_dir(out, os.getpid())
-            try:
-                root.mkdir()  # first, so an output that cannot be written fails before any reading
-            except PermissionError as e:
-                raise PreprocessError(
-                    f"output {out}: cannot create files in {out.parent} ({e.strerror})"
-                ) from None
-    reused, root = runner.share((reused, root))
+    reused, root = prepare(out, wanted, bool(cfg.overwrite), runner)
     if reused is not None:
-        if runner.is_main:
-            print(f"preprocess: up to date, reusing {out}")
         return reused
+    assert root is not None
     manifest = publish(
         root,
         out,

@@ -9,6 +9,7 @@ and last MiB of each file) and settings match, else the run stops unless ``overw
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -110,6 +111,33 @@ def check_replaceable(out: Path) -> None:
             f"({', '.join(sorted(foreign)[:3])}); "
             "choose another output"
         )
+
+
+def prepare(
+    out: Path, wanted: dict[str, Any], overwrite: bool, runner: Runner
+) -> tuple[Manifest | None, Path | None]:
+    """On every rank: ``(the up-to-date dataset at out, None)`` when it can be reused (said on
+    rank 0), else ``(None, the empty build directory)``; rank 0 makes room first (leftovers of
+    killed runs removed; another dataset replaced only with ``overwrite``) and creates the build
+    directory before anything is read, so an output that cannot be written fails at once."""
+    reused, root = None, None
+    if runner.is_main:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(out)
+        reused = check_reuse(out, wanted, overwrite)
+        if reused is None:
+            check_replaceable(out)
+            root = build_dir(out, os.getpid())
+            try:
+                root.mkdir()
+            except PermissionError as e:
+                raise PreprocessError(
+                    f"output {out}: cannot create files in {out.parent} ({e.strerror})"
+                ) from None
+    reused, root = runner.share((reused, root))
+    if reused is not None and runner.is_main:
+        print(f"preprocess: up to date, reusing {out}")
+    return reused, root
 
 
 def publish(root: Path, out: Path, runner: Runner, make: Callable[[], Manifest]) -> Manifest:
