@@ -23,7 +23,8 @@ from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
 from .model.dcn import cross_shape
 from .model.dlrm import DLRM
 from .rundir import hydra_cwd
-from .train.checkpoint import Checkpoint, find_checkpoint
+from .train.checkpoint import find_checkpoint
+from .train.saved import Checkpoint
 
 
 class FrozenTables(EmbeddingBackend):

@@ -11,8 +11,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dlrm_cache.configstore import config_dir, register_configs
-from dlrm_cache.train.checkpoint import Checkpoint
 from dlrm_cache.train.loop import train
+from dlrm_cache.train.saved import Checkpoint
 
 
 @pytest.fixture

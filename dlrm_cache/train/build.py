@@ -25,10 +25,12 @@ from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
-from .checkpoint import Checkpoint, checkpoint_meta, open_resume, save_checkpoint, step_dir
+from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import eval_batches, evaluate
 from .optim import build_dense_optimizer, dense_state_floats
+from .resume import open_resume
+from .saved import Checkpoint
 from .signals import StopAgreement
 from .step import set_matmul_precision
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from after_runs import Run, _train, train_overrides
 
-from dlrm_cache.train.checkpoint import Checkpoint
+from dlrm_cache.train.saved import Checkpoint
 
 
 @pytest.fixture(scope="session")

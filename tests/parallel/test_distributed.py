@@ -11,7 +11,7 @@ import torch
 from launching import TORCHRUN_2, launch_ranks
 
 from dlrm_cache.parallel.placement import parse_key
-from dlrm_cache.train.checkpoint import Checkpoint
+from dlrm_cache.train.saved import Checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 

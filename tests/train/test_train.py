@@ -10,8 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dlrm_cache.configstore import config_dir, register_configs
-from dlrm_cache.train.checkpoint import Checkpoint
 from dlrm_cache.train.loop import train
+from dlrm_cache.train.saved import Checkpoint
 from dlrm_cache.train.timing import seconds_since_process_start
 
 # a small CPU training job (tiny MLPs, frequent logs): the integrity and reliability tests' base

@@ -1,0 +1,86 @@
+"""``resume=``: the checkpoint a run continues from, checked against the run before anything is built.
+
+A resumed run must share with its checkpoint what its state depends on (the model's shapes, the
+optimizers whose state the checkpoint holds, the data position) and its dataset's identity;
+everything else may change.  A difference is refused in one line naming every differing key: the
+state would not fit, or would silently be dropped or misread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from ..config import config_dict, flatten
+from ..data.format import Manifest
+from ..layout import CKPT_META
+from .checkpoint import find_checkpoint
+from .saved import Checkpoint
+
+# What a resumed run must share with its checkpoint: the model's shapes, the optimizers whose state
+# it holds (and the dense optimizer's settings, which loading its state restores), and what fixes
+# the data position (global batch k of epoch e).  Everything else (learning rates, schedules,
+# embedding placement, number of ranks, evaluation, logging) may change on resume.
+RESUME_KEYS = (
+    "model.embedding_dim",
+    "model.bottom_mlp",
+    "model.top_mlp",
+    "model.interaction",
+    "model.dcn_num_layers",
+    "model.dcn_low_rank_dim",
+    "optim.sparse.name",
+    "optim.dense.name",
+    "optim.dense.weight_decay",
+    "optim.dense.momentum",
+    "data.batch_size",
+    "data.shuffle",
+    "seed",
+)
+
+# keys a checkpoint written before they existed lacks (compared where it records them)
+LATER_KEYS = ("model.interaction", "model.dcn_num_layers", "model.dcn_low_rank_dim")
+
+# ...and what must be recorded of its dataset (newer identity keys may be absent from older checkpoints)
+REQUIRED_DATASET_KEYS = ("dataset.table_sizes", "dataset.stats_digest")
+
+
+def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
+    """The checkpoint ``resume=`` names, opened and checked against this run before anything is
+    built: a different model, optimizer, data position or dataset is refused, naming every
+    differing key (its state would not fit, or would silently be dropped or misread)."""
+    ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
+    ckpt.check_tables()
+    now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
+    then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
+    then.setdefault("model.interaction", "dot")  # written before the key: a dot model
+    if "dot" in (now.get("model.interaction"), then["model.interaction"]):
+        for k in LATER_KEYS[1:]:  # the cross network's shape: nothing to compare without one
+            now.pop(k, None), then.pop(k, None)
+    required = [k for k in RESUME_KEYS if k not in LATER_KEYS]
+    unknown = [k for k in (*required, *REQUIRED_DATASET_KEYS) if k not in then]
+    if unknown:  # nothing to compare: the resume could not be checked
+        raise ValueError(
+            f"{ckpt.path / CKPT_META}: records no {unknown[0]} (of the run's config or its dataset); "
+            "it cannot be checked against this run, resume from another checkpoint"
+        )
+    if "dataset.schema_digest" in then:  # trained under a user schema: this dataset must be too
+        now.setdefault("dataset.schema_digest", "")
+    diff = [k for k in now if k in then and then[k] != now[k]]
+    if diff:
+        raise ValueError(
+            f"resume={ckpt.path}: the checkpoint was written with "
+            + ", ".join(f"{k}={_short(then[k])} (now {_short(now[k])})" for k in diff)
+            + "; resume with the same values, or start a new run"
+        )
+    return ckpt
+
+
+def _pick(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    flat = flatten(config)
+    return {k: flat[k] for k in keys if k in flat}
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
