@@ -260,6 +260,20 @@ def _files_building(parent: Path) -> int:
     return -1
 
 
+def test_a_rebuild_in_the_same_process_encodes_with_its_own_tables(tmp_path: Path) -> None:
+    """``workers=1`` runs every job in this process, and a build's id tables always sit at the same
+    paths there (its build directory is named by the pid): a rebuild of the output with other
+    settings must encode with its own tables, not those mapped for the build before it (it did,
+    with exit 0: the shards held the older build's ids)."""
+    raw = tiny_synth(tmp_path / "raw", lines=12_000)
+    small = dict(chunk_bytes=8 << 10, rows_per_shard=600, cache_mb=0, workers=1)
+    ref = pp.preprocess(pp_config(raw, tmp_path / "ref", **small))
+    out = tmp_path / "ds"
+    pp.preprocess(pp_config(raw, out, **small, min_count=2))
+    assert pp.preprocess(pp_config(raw, out, **small, overwrite=True)) == ref
+    _shards_equal(out, tmp_path / "ref", ref)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
     """Killed while building (even seeds: a new output; odd: replacing an older dataset), the

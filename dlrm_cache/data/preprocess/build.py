@@ -248,7 +248,10 @@ def _count(
     return split_rows, stats
 
 
-_ENCODER: dict[tuple, encode.Encoder] = {}  # per worker process: the tables, mapped once
+# Per process, within one encode stage: the tables, mapped once.  Emptied when the stage ends:
+# a later build in the same process (workers=1 runs the jobs here) has tables at the same paths
+# (the build directory is named by the pid) with other contents.
+_ENCODER: dict[tuple, encode.Encoder] = {}
 
 
 def _encode_job(
@@ -284,9 +287,12 @@ def _encode(
     flat = [job for split in SPLITS for job in shard_jobs[split]]
     jobs = [(_encode_job, tables, tuple(table_sizes), job, root, write, schema) for job in flat]
     rows = [j.rows for j in runner.mine(flat)]
-    with _bar(sum(rows), "encode", "row", progress) as bar:
-        done = iter(rows)
-        results = runner.map(star, jobs, done=lambda _: bar.update(next(done)))
+    try:
+        with _bar(sum(rows), "encode", "row", progress) as bar:
+            done = iter(rows)
+            results = runner.map(star, jobs, done=lambda _: bar.update(next(done)))
+    finally:
+        _ENCODER.clear()
     for secs in results:
         timings.add(secs)
     return {
