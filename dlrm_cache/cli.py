@@ -304,10 +304,13 @@ def main(argv: list[str] | None = None) -> None:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
-    except (
-        OSError
-    ) as e:  # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log
-        print(f"dlrm-cache {command}: error: hydra.run.dir: {e}", file=sys.stderr)
+    except (OSError, ValueError) as e:
+        # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log (logging's
+        # dictConfig reports a log file it cannot open as a ValueError caused by the OSError)
+        cause = e if isinstance(e, OSError) else e.__cause__
+        if not isinstance(cause, OSError):
+            raise
+        print(f"dlrm-cache {command}: error: hydra.run.dir: {cause}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
         if full_error is None:

@@ -535,6 +535,11 @@ def _shard_dir(tmp: Path, data: Path) -> Path:
     return tmp / "ds"
 
 
+def _log_dir(tmp: Path) -> Path:
+    (tmp / "run" / "train.log").mkdir(parents=True)
+    return tmp / "run"
+
+
 def _lock_dir(tmp: Path) -> Path:
     (tmp / "run" / ".lock").mkdir(parents=True)
     return tmp / "run"
@@ -551,6 +556,13 @@ CORPUS = [
         "run dir under a file",
         lambda t, d: train_args(d, _file(t) / "run"),
         "hydra.run.dir: [Errno 20] Not a directory",
+    ),
+    # Hydra opens the log before the job runs: as a directory, or in a run dir the user may not
+    # write (logging.config's ValueError around the OSError)
+    (
+        "run dir log is a directory",
+        lambda t, d: train_args(d, _log_dir(t)),
+        "hydra.run.dir: [Errno 21] Is a directory: ",
     ),
     ("run dir lock is a directory", lambda t, d: train_args(d, _lock_dir(t)), "Is a directory"),
     (
