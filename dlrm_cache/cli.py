@@ -217,7 +217,8 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
-            say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
+            if not _refused_run_dir(e):  # another run's log is not this job's
+                say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)
@@ -228,6 +229,14 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
             raise SystemExit(128 + e.signum) from None
 
     return run
+
+
+def _refused_run_dir(e: BaseException) -> bool:
+    """A train job refused its run directory (another run's, or locked by a job training in it):
+    the log file Hydra opened there belongs to that run."""
+    from .train.claim import RunDirTaken
+
+    return isinstance(e, RunDirTaken)
 
 
 def split_run_dirs(argv: list[str]) -> tuple[list[str], list[str]]:

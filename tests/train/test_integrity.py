@@ -103,10 +103,10 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
 def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
     d = tmp_path / "run"
     assert cli(*train_args(data, d, "max_steps=4"), cwd=tmp_path)[0] == 0
-    before = {
-        p: (d / p).read_bytes() for p in ("summary.json", "metrics.jsonl", ".hydra/config.yaml")
-    }
-    # a new run into it: refused, naming it and both ways out; nothing of the old run touched
+    kept = ("summary.json", "metrics.jsonl", ".hydra/config.yaml", "train.log")
+    before = {p: (d / p).read_bytes() for p in kept}
+    # a new run into it: refused, naming it and both ways out; nothing of the old run touched (its
+    # train.log holds its own lines only, not the refusal of another job)
     err = one_line(
         *cli(*train_args(data, d, "max_steps=6"), cwd=tmp_path),
         "train",
