@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .configstore import config_dir, register_configs
-from .console import quiet_known_noise, say
+from .console import let_the_reader_leave, quiet_known_noise, say
 from .data.files import WriteError
 from .outputs import Stopped
 from .ranges import validate
@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = args = list(sys.argv[1:] if argv is None else argv)
     _ARGV0[:] = [sys.argv[0]]
     quiet_known_noise()
+    let_the_reader_leave()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return
@@ -336,9 +337,7 @@ def _completion(argv: list[str]) -> str:
 def _answer(who: str, text: Callable[[], str]) -> None:
     """Print ``text()``: help or completion; a bad override is one line and exit status 1."""
     try:
-        print(text())
-    except BrokenPipeError:  # `| head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(text())  # `| head`: the reader has what it wanted (console.ReaderMayLeave)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         print(f"{who}: error: {config_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -13,7 +13,9 @@ fbgemm (cli.main), because the fbgemm message is logged while ``fbgemm_gpu`` is 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -92,6 +94,44 @@ def quiet_known_noise() -> None:
         logger.addFilter(KnownMessageFilter(patterns))
     for w in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=w.message, category=w.category)
+
+
+class ReaderMayLeave:
+    """stdout for a command whose reader may stop reading (``dlrm-cache ... | head -1``): the first
+    write or flush that finds the pipe closed sends the rest of the output to /dev/null, and the
+    command goes on.  What a command prints is a report of work that its files hold (a dataset, a
+    run, predictions); a reader that leaves early must not stop that work half-way, nor turn a
+    complete output into exit status 1."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def let_the_reader_leave() -> None:
+    """Install :class:`ReaderMayLeave` as ``sys.stdout`` (idempotent; the CLI's first step)."""
+    if not isinstance(sys.stdout, ReaderMayLeave) and sys.stdout is not None:
+        sys.stdout = ReaderMayLeave(sys.stdout)
 
 
 def say(text: str, console: bool = True) -> None:
