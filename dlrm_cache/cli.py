@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .configstore import config_dir, register_configs
-from .console import let_the_reader_leave, quiet_known_noise, say
+from .console import quiet_known_noise, say, standard_streams
 from .data.files import WriteError
 from .outputs import Stopped
 from .ranges import validate
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = args = list(sys.argv[1:] if argv is None else argv)
     _ARGV0[:] = [sys.argv[0]]
     quiet_known_noise()
-    let_the_reader_leave()
+    standard_streams()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return

@@ -12,6 +12,7 @@ fbgemm (cli.main), because the fbgemm message is logged while ``fbgemm_gpu`` is 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -97,11 +98,12 @@ def quiet_known_noise() -> None:
 
 
 class ReaderMayLeave:
-    """stdout for a command whose reader may stop reading (``dlrm-cache ... | head -1``): the first
-    write or flush that finds the pipe closed sends the rest of the output to /dev/null, and the
-    command goes on.  What a command prints is a report of work that its files hold (a dataset, a
-    run, predictions); a reader that leaves early must not stop that work half-way, nor turn a
-    complete output into exit status 1."""
+    """stdout or stderr of a command whose reader may stop reading (``dlrm-cache ... 2>&1 | head
+    -1``) or that cannot be written at all (a descriptor a wrapper left open read-only): the first
+    write or flush that fails so sends the rest of that stream to /dev/null, and the command goes
+    on.  What a command prints is a report of work that its files hold (a dataset, a run,
+    predictions) and its progress; a reader that leaves early must not stop that work half-way,
+    nor turn a complete output into exit status 1."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
@@ -109,17 +111,19 @@ class ReaderMayLeave:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._reader_gone()
+        except OSError as e:
+            self._unwritable(e)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._reader_gone()
+        except OSError as e:
+            self._unwritable(e)
 
-    def _reader_gone(self) -> None:
+    def _unwritable(self, e: OSError) -> None:
+        if e.errno not in (errno.EPIPE, errno.EBADF):
+            raise e
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._stream.fileno())
         os.close(devnull)
@@ -128,10 +132,32 @@ class ReaderMayLeave:
         return getattr(self._stream, name)
 
 
-def let_the_reader_leave() -> None:
-    """Install :class:`ReaderMayLeave` as ``sys.stdout`` (idempotent; the CLI's first step)."""
-    if not isinstance(sys.stdout, ReaderMayLeave) and sys.stdout is not None:
+def standard_streams() -> None:
+    """The CLI's first step (idempotent): stdin, stdout and stderr usable whatever the command was
+    started with, stdout and stderr each a :class:`ReaderMayLeave`.
+
+    A standard descriptor the command was started without (``2>&-``, a daemon's closed fds) is
+    opened on /dev/null: else the progress bars' writes to Python's ``sys.stderr`` (None) fail
+    the command, and the next file opened (a shard being written) would take descriptor 2, where
+    any library's C-level message to stderr would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's own stream)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    if not isinstance(sys.stdout, ReaderMayLeave):
         sys.stdout = ReaderMayLeave(sys.stdout)
+    if not isinstance(sys.stderr, ReaderMayLeave):
+        sys.stderr = ReaderMayLeave(sys.stderr)
 
 
 def say(text: str, console: bool = True) -> None:
