@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -343,6 +343,13 @@ def _answer(who: str, text: Callable[[], str]) -> None:
         raise SystemExit(1) from None
 
 
+QUOTE_HINT = (
+    "a value with characters Hydra's override grammar reserves (, = [ ] { } ( ) ' \" \\ or "
+    "non-ASCII letters: a path's) is a string inside quotes, the override itself quoted for "
+    "the shell: 'key=\"value\"'"
+)
+
+
 def config_error(e: BaseException) -> str:
     """A Hydra/OmegaConf composition error on one line: what failed, why (the cause's first line),
     and for a missing group option the ones there are."""
@@ -351,6 +358,12 @@ def config_error(e: BaseException) -> str:
     if first.endswith(":") and len(lines) > 1:  # "In 'schema/x': ValidationError raised ...:"
         key = next((line for line in lines[2:] if line.startswith("full_key:")), None)
         return f"{first} {lines[1]}" + (f" ({key})" if key else "")
+    if isinstance(e, OverrideParseException) or first.startswith("Ambiguous value for argument"):
+        # a path holding `,` `=` `[` `'`, a space or a non-ASCII letter: Hydra's own lines say
+        # neither which override (a parse error) nor that quotes make it a plain string
+        if isinstance(e, OverrideParseException):
+            return f"override {e.override}: {first}; {QUOTE_HINT}"
+        return f"{first}: a list is key=[a,b], a sweep needs -m; {QUOTE_HINT}"
     if isinstance(e, MissingConfigException) and "Available options" in str(e):
         listed = str(e).split("Available options", 1)[1].split("Config search path", 1)[0]
         options = [o.strip() for o in listed.splitlines()[1:] if o.strip()]

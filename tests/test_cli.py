@@ -150,6 +150,18 @@ def test_wheel_ships_configs(tmp_path):
             ["train", "data.batch_size=abc"],
             "override data.batch_size=abc: Value 'abc' of type 'str' could not be",
         ),
+        # a path with characters the override grammar reserves: which override, and the quotes
+        (
+            ["preprocess", "input=/data/day=1/raw", "output=/tmp/never"],
+            "override input=/data/day=1/raw: mismatched input '=' expecting <EOF>; a value with "
+            "characters Hydra's override grammar reserves",
+        ),
+        (
+            ["preprocess", "input=/data/a,b/raw", "output=/tmp/never"],
+            "a list is key=[a,b], a sweep needs -m; a value with characters Hydra's override "
+            "grammar reserves (, = [ ] { } ( ) ' \" \\ or non-ASCII letters: a path's) is a "
+            "string inside quotes, the override itself quoted for the shell: 'key=\"value\"'",
+        ),
         (
             ["bench", "nosuchkey=1"],
             "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'",
