@@ -278,6 +278,17 @@ def test_a_build_another_running_process_holds_is_not_removed(
     _no_temp_files(out)
 
 
+def test_an_output_name_too_long_for_its_build_directory_names_the_output(
+    raw_small: Path, tmp_path: Path
+) -> None:
+    """A name that fits (250 of 255 bytes) but not with the build directory's suffix: the error
+    names the output the user gave, not the temporary name."""
+    out = tmp_path / ("n" * 250)
+    with pytest.raises(pp.PreprocessError, match=f"output {out}: cannot create files in "):
+        pp.preprocess(pp_config(raw_small, out))
+    assert not out.exists()
+
+
 def test_refuses_foreign_output(raw_small: Path, tmp_path: Path) -> None:
     out = tmp_path / "ds"
     out.mkdir()

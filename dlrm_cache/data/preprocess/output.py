@@ -154,7 +154,7 @@ def prepare(
             root = build_dir(out, os.getpid())
             try:
                 root.mkdir()
-            except PermissionError as e:
+            except OSError as e:  # permission; a name that fits but not with the temporary suffix
                 raise PreprocessError(
                     f"output {out}: cannot create files in {out.parent} ({e.strerror})"
                 ) from None
