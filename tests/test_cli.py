@@ -227,3 +227,19 @@ def test_a_reader_that_leaves_stops_no_command(tmp_path):
         assert p.wait(timeout=120) == 0 and "Traceback" not in err and "pipe" not in err, args
     res = cli("verify", str(out), cwd=tmp_path)
     assert res.returncode == 0 and "every page checksum and the manifest agree" in res.stdout
+
+
+def test_synth_and_preprocess_write_nothing_where_they_run(tmp_path):
+    """Their outputs record their settings (oracle.json, preprocess.json): nothing else is
+    written, so they also run from a directory the user may not write (Hydra's default made
+    outputs/<command>/<time>/cli.log there, and failed in a read-only one)."""
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    for args in (
+        ["synth", f"output={data / 'raw'}", "lines=2000", "cardinality_scale=0.001"],
+        ["preprocess", f"input={data / 'raw'}", f"output={data / 'ds'}"],
+    ):
+        res = cli(*args, "progress=false", cwd=work)
+        assert res.returncode == 0, res.stderr
+    assert list(work.iterdir()) == []
+    assert (data / "ds" / "manifest.json").is_file()
