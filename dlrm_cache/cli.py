@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hydra
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .configstore import config_dir, register_configs
-from .console import quiet_known_noise, say
+from .console import quiet_known_noise, say, standard_streams
 from .data.files import WriteError
 from .outputs import Stopped
 from .ranges import validate
@@ -217,7 +217,8 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
-            say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
+            if not _refused_run_dir(e):  # another run's log is not this job's
+                say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt:  # Ctrl-C outside train's steps (those save a checkpoint first)
@@ -228,6 +229,14 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
             raise SystemExit(128 + e.signum) from None
 
     return run
+
+
+def _refused_run_dir(e: BaseException) -> bool:
+    """A train job refused its run directory (another run's, or locked by a job training in it):
+    the log file Hydra opened there belongs to that run."""
+    from .train.claim import RunDirTaken
+
+    return isinstance(e, RunDirTaken)
 
 
 def split_run_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -265,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = args = list(sys.argv[1:] if argv is None else argv)
     _ARGV0[:] = [sys.argv[0]]
     quiet_known_noise()
+    standard_streams()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return
@@ -304,10 +314,13 @@ def main(argv: list[str] | None = None) -> None:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
-    except (
-        OSError
-    ) as e:  # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log
-        print(f"dlrm-cache {command}: error: hydra.run.dir: {e}", file=sys.stderr)
+    except (OSError, ValueError) as e:
+        # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log (logging's
+        # dictConfig reports a log file it cannot open as a ValueError caused by the OSError)
+        cause = e if isinstance(e, OSError) else e.__cause__
+        if not isinstance(cause, OSError):
+            raise
+        print(f"dlrm-cache {command}: error: hydra.run.dir: {cause}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
         if full_error is None:
@@ -324,12 +337,17 @@ def _completion(argv: list[str]) -> str:
 def _answer(who: str, text: Callable[[], str]) -> None:
     """Print ``text()``: help or completion; a bad override is one line and exit status 1."""
     try:
-        print(text())
-    except BrokenPipeError:  # `| head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(text())  # `| head`: the reader has what it wanted (console.ReaderMayLeave)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         print(f"{who}: error: {config_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+QUOTE_HINT = (
+    "a value with characters Hydra's override grammar reserves (, = [ ] { } ( ) ' \" \\ or "
+    "non-ASCII letters: a path's) is a string inside quotes, the override itself quoted for "
+    "the shell: 'key=\"value\"'"
+)
 
 
 def config_error(e: BaseException) -> str:
@@ -340,6 +358,12 @@ def config_error(e: BaseException) -> str:
     if first.endswith(":") and len(lines) > 1:  # "In 'schema/x': ValidationError raised ...:"
         key = next((line for line in lines[2:] if line.startswith("full_key:")), None)
         return f"{first} {lines[1]}" + (f" ({key})" if key else "")
+    if isinstance(e, OverrideParseException) or first.startswith("Ambiguous value for argument"):
+        # a path holding `,` `=` `[` `'`, a space or a non-ASCII letter: Hydra's own lines say
+        # neither which override (a parse error) nor that quotes make it a plain string
+        if isinstance(e, OverrideParseException):
+            return f"override {e.override}: {first}; {QUOTE_HINT}"
+        return f"{first}: a list is key=[a,b], a sweep needs -m; {QUOTE_HINT}"
     if isinstance(e, MissingConfigException) and "Available options" in str(e):
         listed = str(e).split("Available options", 1)[1].split("Config search path", 1)[0]
         options = [o.strip() for o in listed.splitlines()[1:] if o.strip()]

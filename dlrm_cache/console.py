@@ -12,8 +12,11 @@ fbgemm (cli.main), because the fbgemm message is logged while ``fbgemm_gpu`` is 
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -92,6 +95,69 @@ def quiet_known_noise() -> None:
         logger.addFilter(KnownMessageFilter(patterns))
     for w in WARNING_NOISE:
         warnings.filterwarnings("ignore", message=w.message, category=w.category)
+
+
+class ReaderMayLeave:
+    """stdout or stderr of a command whose reader may stop reading (``dlrm-cache ... 2>&1 | head
+    -1``) or that cannot be written at all (a descriptor a wrapper left open read-only): the first
+    write or flush that fails so sends the rest of that stream to /dev/null, and the command goes
+    on.  What a command prints is a report of work that its files hold (a dataset, a run,
+    predictions) and its progress; a reader that leaves early must not stop that work half-way,
+    nor turn a complete output into exit status 1."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self._unwritable(e)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._unwritable(e)
+
+    def _unwritable(self, e: OSError) -> None:
+        if e.errno not in (errno.EPIPE, errno.EBADF):
+            raise e
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def standard_streams() -> None:
+    """The CLI's first step (idempotent): stdin, stdout and stderr usable whatever the command was
+    started with, stdout and stderr each a :class:`ReaderMayLeave`.
+
+    A standard descriptor the command was started without (``2>&-``, a daemon's closed fds) is
+    opened on /dev/null: else the progress bars' writes to Python's ``sys.stderr`` (None) fail
+    the command, and the next file opened (a shard being written) would take descriptor 2, where
+    any library's C-level message to stderr would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's own stream)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    if not isinstance(sys.stdout, ReaderMayLeave):
+        sys.stdout = ReaderMayLeave(sys.stdout)
+    if not isinstance(sys.stderr, ReaderMayLeave):
+        sys.stderr = ReaderMayLeave(sys.stderr)
 
 
 def say(text: str, console: bool = True) -> None:

@@ -150,6 +150,18 @@ def test_wheel_ships_configs(tmp_path):
             ["train", "data.batch_size=abc"],
             "override data.batch_size=abc: Value 'abc' of type 'str' could not be",
         ),
+        # a path with characters the override grammar reserves: which override, and the quotes
+        (
+            ["preprocess", "input=/data/day=1/raw", "output=/tmp/never"],
+            "override input=/data/day=1/raw: mismatched input '=' expecting <EOF>; a value with "
+            "characters Hydra's override grammar reserves",
+        ),
+        (
+            ["preprocess", "input=/data/a,b/raw", "output=/tmp/never"],
+            "a list is key=[a,b], a sweep needs -m; a value with characters Hydra's override "
+            "grammar reserves (, = [ ] { } ( ) ' \" \\ or non-ASCII letters: a path's) is a "
+            "string inside quotes, the override itself quoted for the shell: 'key=\"value\"'",
+        ),
         (
             ["bench", "nosuchkey=1"],
             "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'",
@@ -174,3 +186,60 @@ def test_bad_input_is_one_line(tmp_path, args, message):
         and message in lines[0]
         and lines[0].startswith(f"dlrm-cache {args[0]}: error:")
     ), res.stderr
+
+
+def test_a_reader_that_leaves_stops_no_command(tmp_path):
+    """stdout (and stderr: the progress bars) a pipe whose reader has gone (`dlrm-cache ... 2>&1 |
+    head -1`), or stderr closed (`2>&-`): the command goes on and ends as it would have (its
+    output complete, exit status 0), instead of a BrokenPipeError traceback (the usage) or a build
+    dropped at its first progress bar or its report table (preprocess: no dataset)."""
+    raw, out = tmp_path / "raw", tmp_path / "ds"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("DLRM_CACHE_TRACEBACK", None)
+
+    def close_stderr():
+        os.close(2)
+
+    for args, stderr, before in (
+        (["--help"], subprocess.PIPE, None),
+        (
+            ["synth", f"output={raw}", "lines=3000", "cardinality_scale=0.001"],
+            subprocess.STDOUT,
+            None,
+        ),
+        (
+            ["preprocess", f"input={raw}", f"output={out}", "rows_per_shard=1000"],
+            None,
+            close_stderr,
+        ),
+    ):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "dlrm_cache", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            preexec_fn=before,
+            text=True,
+        )
+        p.stdout.close()  # the reader is gone before the command writes its first line
+        err = p.stderr.read() if p.stderr else ""
+        assert p.wait(timeout=120) == 0 and "Traceback" not in err and "pipe" not in err, args
+    res = cli("verify", str(out), cwd=tmp_path)
+    assert res.returncode == 0 and "every page checksum and the manifest agree" in res.stdout
+
+
+def test_synth_and_preprocess_write_nothing_where_they_run(tmp_path):
+    """Their outputs record their settings (oracle.json, preprocess.json): nothing else is
+    written, so they also run from a directory the user may not write (Hydra's default made
+    outputs/<command>/<time>/cli.log there, and failed in a read-only one)."""
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    for args in (
+        ["synth", f"output={data / 'raw'}", "lines=2000", "cardinality_scale=0.001"],
+        ["preprocess", f"input={data / 'raw'}", f"output={data / 'ds'}"],
+    ):
+        res = cli(*args, "progress=false", cwd=work)
+        assert res.returncode == 0, res.stderr
+    assert list(work.iterdir()) == []
+    assert (data / "ds" / "manifest.json").is_file()

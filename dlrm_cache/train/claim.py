@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..data.files import atomic_write_text
 from ..layout import SNAPSHOT
 from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
+from ..typed import typed_override
 
 if TYPE_CHECKING:
     from ..parallel.dist import DistInfo
@@ -199,7 +200,9 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
 
     try:
         newest = find_checkpoint(str(run_dir)).name
-        last = f"its last checkpoint is {newest}; resume it with resume={run_dir}, "
+        last = (
+            f"its last checkpoint is {newest}; resume it with {typed_override('resume', run_dir)}, "
+        )
     except FileNotFoundError:
         last = "it has no complete checkpoint; "
     raise RunDirTaken(

@@ -34,6 +34,7 @@ from ..console import say
 from ..outputs import signal_handlers
 from ..parallel.dist import DistInfo
 from ..streams import streams_for
+from ..typed import typed_override
 from .checkpoint import step_dir
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -147,14 +148,14 @@ def exit_preempted(
     name = signal.Signals(signum).name
     if step == start:
         where = f"no step done since step {start}: nothing new to save" + (
-            f"; resume with resume={run_dir}" if start else ""
+            f"; resume with {typed_override('resume', run_dir)}" if start else ""
         )
     else:
         if not saved_at_step:
             checkpoint(step)
         where = (
             f"checkpoint of step {step} in {step_dir(run_dir, step)}; continue with the same "
-            f"command and resume={run_dir}"
+            f"command and {typed_override('resume', run_dir)}"
         )
     if is_main:
         _tell(f"dlrm-cache train: stopped by {name}: {where}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,42 @@ def test_crash_mid_run_then_recover(raw_small: Path, tmp_path: Path, monkeypatch
         pp.preprocess(pp_config(raw_small, out, min_count=2, overwrite=True))
     assert Manifest.load(out) == m
     _no_temp_files(out)
+
+
+def test_a_build_another_running_process_holds_is_not_removed(
+    raw_small: Path, tmp_path: Path
+) -> None:
+    """Two runs into one output: the second refuses while the first's build directory (named by
+    its pid) has a live process, instead of removing it as a killed run's leftover (which failed
+    the first run with a missing-file error, and could put an old dataset back under it)."""
+    out = tmp_path / "ds"
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        build = tmp_path / f".ds.tmp-{other.pid}"
+        (build / "train").mkdir(parents=True)
+        (build / "train" / ".part-00000.parquet.tmp").write_bytes(b"being written")
+        with pytest.raises(pp.PreprocessError, match=f"another preprocess \\(pid {other.pid}\\)"):
+            pp.preprocess(pp_config(raw_small, out))
+        assert (build / "train" / ".part-00000.parquet.tmp").read_bytes() == b"being written"
+        assert not out.exists()
+    finally:
+        other.kill()
+        other.wait()
+    # its process gone, it is a leftover like any other
+    pp.preprocess(pp_config(raw_small, out))
+    assert not build.exists()
+    _no_temp_files(out)
+
+
+def test_an_output_name_too_long_for_its_build_directory_names_the_output(
+    raw_small: Path, tmp_path: Path
+) -> None:
+    """A name that fits (250 of 255 bytes) but not with the build directory's suffix: the error
+    names the output the user gave, not the temporary name."""
+    out = tmp_path / ("n" * 250)
+    with pytest.raises(pp.PreprocessError, match=f"output {out}: cannot create files in "):
+        pp.preprocess(pp_config(raw_small, out))
+    assert not out.exists()
 
 
 def test_refuses_foreign_output(raw_small: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -103,10 +104,10 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
 def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
     d = tmp_path / "run"
     assert cli(*train_args(data, d, "max_steps=4"), cwd=tmp_path)[0] == 0
-    before = {
-        p: (d / p).read_bytes() for p in ("summary.json", "metrics.jsonl", ".hydra/config.yaml")
-    }
-    # a new run into it: refused, naming it and both ways out; nothing of the old run touched
+    kept = ("summary.json", "metrics.jsonl", ".hydra/config.yaml", "train.log")
+    before = {p: (d / p).read_bytes() for p in kept}
+    # a new run into it: refused, naming it and both ways out; nothing of the old run touched (its
+    # train.log holds its own lines only, not the refusal of another job)
     err = one_line(
         *cli(*train_args(data, d, "max_steps=6"), cwd=tmp_path),
         "train",
@@ -130,6 +131,18 @@ def test_a_run_dir_belongs_to_one_run(data: Path, tmp_path: Path):
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000002"]
     assert "max_steps: 2" in (d / ".hydra" / "config.yaml").read_text()  # the new run's snapshot
     assert _strict((d / "summary.json").read_text())["steps"] == 2
+
+
+def test_the_resume_a_refusal_suggests_runs_as_typed(data: Path, tmp_path: Path):
+    """The refusal's ``resume=`` is one shell word Hydra reads back as the run dir, also for a
+    path with a space and a comma (typed as printed, it continues the run)."""
+    d = tmp_path / "my runs,v2" / "run"
+    assert cli(*train_args(data, f'"{d}"', "max_steps=2"), cwd=tmp_path)[0] == 0
+    err = one_line(*cli(*train_args(data, f'"{d}"'), cwd=tmp_path), "train", "resume it with ")
+    typed = shlex.split(err.split("resume it with ", 1)[1].split(", replace it", 1)[0])
+    assert len(typed) == 1 and typed[0].startswith("resume="), typed
+    assert cli("train", f"data.path={data}", *SMALL, "max_steps=3", *typed, cwd=tmp_path)[0] == 0
+    assert json.loads((d / "summary.json").read_text())["steps"] == 3
 
 
 def test_a_dir_holding_only_checkpoints_is_taken(tmp_path: Path):
@@ -535,6 +548,11 @@ def _shard_dir(tmp: Path, data: Path) -> Path:
     return tmp / "ds"
 
 
+def _log_dir(tmp: Path) -> Path:
+    (tmp / "run" / "train.log").mkdir(parents=True)
+    return tmp / "run"
+
+
 def _lock_dir(tmp: Path) -> Path:
     (tmp / "run" / ".lock").mkdir(parents=True)
     return tmp / "run"
@@ -551,6 +569,13 @@ CORPUS = [
         "run dir under a file",
         lambda t, d: train_args(d, _file(t) / "run"),
         "hydra.run.dir: [Errno 20] Not a directory",
+    ),
+    # Hydra opens the log before the job runs: as a directory, or in a run dir the user may not
+    # write (logging.config's ValueError around the OSError)
+    (
+        "run dir log is a directory",
+        lambda t, d: train_args(d, _log_dir(t)),
+        "hydra.run.dir: [Errno 21] Is a directory: ",
     ),
     ("run dir lock is a directory", lambda t, d: train_args(d, _lock_dir(t)), "Is a directory"),
     (

@@ -2,7 +2,8 @@
 
 The dataset is built in a temporary sibling directory (shards under temporary names, the manifest
 last) and then renamed into place, so ``output`` is either absent, the old complete dataset or the
-new one; leftovers of a killed run are removed by the next run (one run per output at a time).  An
+new one; leftovers of a killed run are removed by the next run, and a build of the same output by a
+process that still runs is refused (one run per output at a time).  An
 existing complete dataset is reused when its recorded inputs (path, size and a hash of the first
 and last MiB of each file) and settings match, else the run stops unless ``overwrite=true``.
 """
@@ -90,10 +91,33 @@ def build_dir(out: Path, pid: int) -> Path:
 
 def clean_stale(out: Path) -> None:
     """Remove build directories left by killed runs, and finish a replacement a kill interrupted
-    (the old dataset back if the new one never arrived)."""
+    (the old dataset back if the new one never arrived).  A build directory whose process (the
+    pid its name holds) still runs is another run's build of ``out``: refused, since removing it
+    would fail that run, and recovering its replacement could put the old dataset back."""
+    stale = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)")
+    builds = {
+        p: int(m.group(1))
+        for p in (out.parent.iterdir() if out.parent.is_dir() else ())
+        if (m := stale.fullmatch(p.name)) and p.is_dir()
+    }
+    for p, pid in builds.items():
+        if pid != os.getpid() and _running(pid):
+            raise PreprocessError(
+                f"output {out}: another preprocess (pid {pid}) is building it in {p}; wait for "
+                f"it to end (if no process {pid} writes it, remove {p})"
+            )
     recover_dir(out)
-    stale = re.compile(rf"\.{re.escape(out.name)}\.tmp-\d+")
-    remove_stale(out.parent, lambda p: p.is_dir() and bool(stale.fullmatch(p.name)))
+    remove_stale(out.parent, lambda p: p in builds)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def check_replaceable(out: Path) -> None:
@@ -130,7 +154,7 @@ def prepare(
             root = build_dir(out, os.getpid())
             try:
                 root.mkdir()
-            except PermissionError as e:
+            except OSError as e:  # permission; a name that fits but not with the temporary suffix
                 raise PreprocessError(
                     f"output {out}: cannot create files in {out.parent} ({e.strerror})"
                 ) from None
