@@ -232,7 +232,7 @@ def report(r: dict) -> str:
     lines = [
         "# DLRM-DCN against dot-DLRM on a planted pairwise feature cross",
         "",
-        f"`python scripts/dcn_quality.py --lines {s['lines']}"
+        f"`python scripts/dcn_quality.py --crosses {' '.join(s['crosses'])} --lines {s['lines']}"
         f" --cardinality-scale {s['cardinality_scale']} --cross-scale {s['cross_scale']}"
         f" --interaction-scale {s['interaction_scale']} --tune-seed {s['tune_seed']}"
         f" {tuned} --seeds {s['seeds']} -- {' '.join(s['model'])}`"
