@@ -6,7 +6,7 @@
 
 Per kind of planted cross (``dlrm-cache synth cross=ids|dense cross_scale=...``; see
 ``dlrm_cache/data/synth.py``), two synthetic datasets of the same settings but different planted
-models: a *tuning* set (synth seed ``--tune-seed``) and a *measurement* set (synth seed 0).  On the
+models: a *tuning* set (synth seed ``--tune-seed``) and a *measurement* set (``--measure-seed``).  On the
 tuning set each model's optimizer settings are chosen by its validation AUC over the grid of every
 combination of ``--lrs`` (dense rate), ``--sparse-lrs``, ``--warmups`` (linear warm-up steps of
 both rates) and ``--epochs`` (one run each, training seed 100); the measurement set's validation AUC
@@ -154,11 +154,11 @@ def measure(a: argparse.Namespace, cross: str) -> dict:
     tune_data, tune_oracle = dataset(a, cross, a.tune_seed)
     tuning = {name: tune(a, cross, tune_data, name) for name in MODELS}
     chosen = {name: best(tried) for name, tried in tuning.items()}
-    data, oracle = dataset(a, cross, 0)
+    data, oracle = dataset(a, cross, a.measure_seed)
     runs: dict[str, list[dict]] = {m: [] for m in MODELS}
     for seed in range(a.seeds):
         for name, extra in MODELS.items():
-            run = a.work / f"{cross}-0" / f"{name}-{seed}"
+            run = a.work / f"{cross}-{a.measure_seed}" / f"{name}-{seed}"
             runs[name].append(train(a, data, run, seed, *extra, *overrides(chosen[name])))
     diff = [c["val_auc"] - d["val_auc"] for c, d in zip(runs["dcn"], runs["dot"])]
     return {
@@ -186,6 +186,7 @@ def main() -> None:
         "--interaction-scale", type=float, default=0.0, help="synth's FM part (dot products)"
     )
     p.add_argument("--tune-seed", type=int, default=1, help="synth seed of the tuning set")
+    p.add_argument("--measure-seed", type=int, default=0, help="synth seed of the measurement set")
     p.add_argument(
         "--lrs", type=float, nargs="+", default=[0.01, 0.03, 0.1], help="dense rates tried"
     )
@@ -226,6 +227,7 @@ def main() -> None:
 
 def report(r: dict) -> str:
     s = r["settings"]
+    measure_seed = s.get("measure_seed", 0)  # reports from before the option: 0
     tuned = " ".join(
         f"--{axis.replace('_', '-')} {' '.join(f'{v:g}' for v in s[axis])}" for axis in AXES
     )
@@ -235,13 +237,14 @@ def report(r: dict) -> str:
         f"`python scripts/dcn_quality.py --crosses {' '.join(s['crosses'])} --lines {s['lines']}"
         f" --cardinality-scale {s['cardinality_scale']} --cross-scale {s['cross_scale']}"
         f" --interaction-scale {s['interaction_scale']} --tune-seed {s['tune_seed']}"
+        f" --measure-seed {measure_seed}"
         f" {tuned} --seeds {s['seeds']} -- {' '.join(s['model'])}`"
         f" ({r['seconds']:.0f} s on this machine's CPU). Per"
         " cross, each model's optimizer settings (every combination of the dense rate, sparse"
         " rate, warm-up steps and epochs above, the same grid for both) are chosen on a tuning"
         f" set (synth seed {s['tune_seed']}, training seed {TUNE_TRAIN_SEED}); then per training"
         " seed one run of each model with its chosen settings on the measurement set (synth seed"
-        " 0), whose AUC chose nothing. Validation split; mean ± half-width of the 95% t interval"
+        f" {measure_seed}), whose AUC chose nothing. Validation split; mean ± half-width of the 95% t interval"
         " over the seeds.",
     ]
     for cross, c in r["crosses"].items():
