@@ -1,15 +1,19 @@
 """DLRM-DCN against dot-DLRM on data with a planted pairwise feature cross: validation AUC over seeds.
 
-    python scripts/dcn_quality.py --work /tmp/dcn-quality --out docs/dcn-quality.md
+    python scripts/dcn_quality.py --work /tmp/dcn-quality --out docs/dcn-quality.md [-- OVERRIDES]
+
+(the train overrides both models share after ``--``: the grid options take several values each)
 
 Per kind of planted cross (``dlrm-cache synth cross=ids|dense cross_scale=...``; see
 ``dlrm_cache/data/synth.py``), two synthetic datasets of the same settings but different planted
-models: a *tuning* set (synth seed ``--tune-seed``) and a *measurement* set (synth seed 0).  On the
-tuning set each model's dense learning rate is chosen from ``--lrs`` by its validation AUC (one run
-each, training seed 100); the measurement set's validation AUC is never looked at for a choice.  On
-the measurement set, per training seed 0..``--seeds``-1, one run of each model with its chosen rate:
-the same embedding width, bottom and top MLPs, sparse optimizer and steps; only
-``model.interaction`` and the dense rate differ.  Everything goes through the real CLI (``synth``,
+models: a *tuning* set (synth seed ``--tune-seed``) and a *measurement* set (``--measure-seed``).  On the
+tuning set each model's optimizer settings are chosen by its validation AUC over the grid of every
+combination of ``--lrs`` (dense rate), ``--sparse-lrs``, ``--warmups`` (linear warm-up steps of
+both rates) and ``--epochs`` (one run each, training seed 100); the measurement set's validation AUC
+is never looked at for a choice.  The grid is the same for both models, so neither gets more tuning.
+On the measurement set, per training seed 0..``--seeds``-1, one run of each model with its chosen
+settings: the same embedding width, bottom and top MLPs and data; only ``model.interaction`` and
+the chosen optimizer settings differ.  Everything goes through the real CLI (``synth``,
 ``preprocess``, ``train``).
 
 Written (Markdown, plus the raw numbers as JSON beside it): per cross the tuning grid, the oracle
@@ -21,6 +25,7 @@ interval.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -33,6 +38,13 @@ REPO = Path(__file__).resolve().parents[1]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 MODELS = {"dot": ["model.interaction=dot"], "dcn": ["model.interaction=dcn"]}
 TUNE_TRAIN_SEED = 100  # the tuning runs' training seed, apart from the reported seeds 0..n-1
+# the tuned settings: the script's option (its attribute) and the train override each sets
+AXES = {
+    "lrs": "optim.dense.lr",
+    "sparse_lrs": "optim.sparse.lr",
+    "warmups": "optim.warmup_steps",
+    "epochs": "epochs",
+}
 
 
 class Failed(Exception):
@@ -83,7 +95,6 @@ def train(a: argparse.Namespace, data: Path, run: Path, seed: int, *extra: str) 
         "device=cpu",
         "progress=false",
         f"seed={seed}",
-        f"epochs={a.epochs}",
         *a.model,
         *extra,
     )
@@ -92,40 +103,68 @@ def train(a: argparse.Namespace, data: Path, run: Path, seed: int, *extra: str) 
     return {"seed": seed, "val_auc": s["val_auc"], "val_logloss": s["val_logloss"]}
 
 
-def best_rate(grid: dict[str, float | None]) -> float:
-    """The rate of the highest validation AUC among the runs that trained."""
-    trained = {lr: auc for lr, auc in grid.items() if auc is not None}
+def grid(a: argparse.Namespace) -> list[dict[str, float]]:
+    """Every combination of the tuned settings, by train override."""
+    values = [getattr(a, axis) for axis in AXES]
+    return [dict(zip(AXES.values(), combo)) for combo in itertools.product(*values)]
+
+
+def label(settings: dict[str, float]) -> str:
+    """A run's name part for its settings: ``d0.03-s0.05-w200-e1``."""
+    short = {
+        "optim.dense.lr": "d",
+        "optim.sparse.lr": "s",
+        "optim.warmup_steps": "w",
+        "epochs": "e",
+    }
+    return "-".join(f"{short[k]}{v:g}" for k, v in settings.items())
+
+
+def overrides(settings: dict[str, float]) -> list[str]:
+    return [f"{k}={v:g}" for k, v in settings.items()]
+
+
+def best(tried: list[dict]) -> dict[str, float]:
+    """The settings of the highest validation AUC among the runs that trained (the first of
+    equals, in grid order)."""
+    trained = [t for t in tried if t["val_auc"] is not None]
     if not trained:
-        raise Failed(f"every rate of {list(grid)} diverged")
-    return float(max(trained, key=lambda lr: trained[lr]))
+        raise Failed(f"every setting of {[t['settings'] for t in tried]} diverged")
+    return max(trained, key=lambda t: t["val_auc"])["settings"]
+
+
+def tune(a: argparse.Namespace, cross: str, data: Path, name: str) -> list[dict]:
+    """One run of model ``name`` per grid point on the tuning set; val AUC None: diverged."""
+    tried = []
+    for settings in grid(a):
+        run = a.work / f"{cross}-{a.tune_seed}" / f"{name}-{label(settings)}"
+        try:
+            r = train(a, data, run, TUNE_TRAIN_SEED, *MODELS[name], *overrides(settings))
+            auc: float | None = r["val_auc"]
+        except Failed as e:  # the loss guard stopped it: settings too aggressive for this model
+            print(f"{run.name}: {e}", flush=True)
+            auc = None
+        tried.append({"settings": settings, "val_auc": auc})
+    return tried
 
 
 def measure(a: argparse.Namespace, cross: str) -> dict:
-    """Tune each model's dense rate on the tuning set, then measure on the measurement set."""
+    """Tune each model's optimizer settings on the tuning set, then measure on the measurement
+    set."""
     tune_data, tune_oracle = dataset(a, cross, a.tune_seed)
-    grid: dict[str, dict[str, float | None]] = {m: {} for m in MODELS}  # None: diverged
-    for name, extra in MODELS.items():
-        for lr in a.lrs:
-            run = a.work / f"{cross}-{a.tune_seed}" / f"{name}-lr{lr}"
-            try:
-                r = train(a, tune_data, run, TUNE_TRAIN_SEED, *extra, f"optim.dense.lr={lr}")
-            except Failed as e:  # the loss guard stopped it: a rate too high for this model
-                print(f"{run.name}: {e}", flush=True)
-                grid[name][str(lr)] = None
-                continue
-            grid[name][str(lr)] = r["val_auc"]
-    chosen = {m: best_rate(g) for m, g in grid.items()}
-    data, oracle = dataset(a, cross, 0)
+    tuning = {name: tune(a, cross, tune_data, name) for name in MODELS}
+    chosen = {name: best(tried) for name, tried in tuning.items()}
+    data, oracle = dataset(a, cross, a.measure_seed)
     runs: dict[str, list[dict]] = {m: [] for m in MODELS}
     for seed in range(a.seeds):
         for name, extra in MODELS.items():
-            run = a.work / f"{cross}-0" / f"{name}-{seed}"
-            runs[name].append(train(a, data, run, seed, *extra, f"optim.dense.lr={chosen[name]}"))
+            run = a.work / f"{cross}-{a.measure_seed}" / f"{name}-{seed}"
+            runs[name].append(train(a, data, run, seed, *extra, *overrides(chosen[name])))
     diff = [c["val_auc"] - d["val_auc"] for c, d in zip(runs["dcn"], runs["dot"])]
     return {
         "tune_oracle_auc": tune_oracle,
-        "grid": grid,
-        "chosen_lr": chosen,
+        "tuning": tuning,
+        "chosen": chosen,
         "oracle_auc": oracle,
         "runs": runs,
         "auc": {m: spread([r["val_auc"] for r in rs]) for m, rs in runs.items()},
@@ -138,7 +177,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/dcn-quality"), help="data and runs")
     p.add_argument("--out", type=Path, default=REPO / "docs/dcn-quality.md")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5, help="training seeds of the measurement")
     p.add_argument("--lines", type=int, default=500_000)
     p.add_argument("--cardinality-scale", type=float, default=0.0005)
     p.add_argument("--crosses", nargs="+", default=["ids", "dense"], help="synth's cross kinds")
@@ -147,10 +186,15 @@ def main() -> None:
         "--interaction-scale", type=float, default=0.0, help="synth's FM part (dot products)"
     )
     p.add_argument("--tune-seed", type=int, default=1, help="synth seed of the tuning set")
+    p.add_argument("--measure-seed", type=int, default=0, help="synth seed of the measurement set")
     p.add_argument(
-        "--lrs", type=float, nargs="+", default=[0.003, 0.01, 0.03], help="dense rates tried"
+        "--lrs", type=float, nargs="+", default=[0.01, 0.03, 0.1], help="dense rates tried"
     )
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument(
+        "--sparse-lrs", type=float, nargs="+", default=[0.05, 0.2], help="sparse rates tried"
+    )
+    p.add_argument("--warmups", type=int, nargs="+", default=[0, 200], help="warm-up steps tried")
+    p.add_argument("--epochs", type=int, nargs="+", default=[1, 2], help="epochs tried")
     p.add_argument(
         "model",
         nargs="*",
@@ -162,7 +206,7 @@ def main() -> None:
             "model.dcn_low_rank_dim=32",
             "data.batch_size=512",
         ],
-        help="train overrides both models share",
+        help="train overrides both models share (after --)",
     )
     a = p.parse_args()
     t0 = time.perf_counter()
@@ -183,49 +227,82 @@ def main() -> None:
 
 def report(r: dict) -> str:
     s = r["settings"]
+    measure_seed = s.get("measure_seed", 0)  # reports from before the option: 0
+    tuned = " ".join(
+        f"--{axis.replace('_', '-')} {' '.join(f'{v:g}' for v in s[axis])}" for axis in AXES
+    )
     lines = [
         "# DLRM-DCN against dot-DLRM on a planted pairwise feature cross",
         "",
-        f"`python scripts/dcn_quality.py {' '.join(s['model'])}` with `--lines {s['lines']}"
+        f"`python scripts/dcn_quality.py --crosses {' '.join(s['crosses'])} --lines {s['lines']}"
         f" --cardinality-scale {s['cardinality_scale']} --cross-scale {s['cross_scale']}"
         f" --interaction-scale {s['interaction_scale']} --tune-seed {s['tune_seed']}"
-        f" --lrs {' '.join(map(str, s['lrs']))} --epochs {s['epochs']} --seeds {s['seeds']}`"
-        f" ({r['seconds']:.0f} s on this machine's CPU). Per cross, each model's dense learning"
-        f" rate is chosen on a tuning set (synth seed {s['tune_seed']}, training seed"
-        f" {TUNE_TRAIN_SEED}); then per training seed one run of each model on the measurement set"
-        " (synth seed 0). Validation split; mean ± half-width of the 95% t interval over the"
-        " seeds.",
+        f" --measure-seed {measure_seed}"
+        f" {tuned} --seeds {s['seeds']} -- {' '.join(s['model'])}`"
+        f" ({r['seconds']:.0f} s on this machine's CPU). Per"
+        " cross, each model's optimizer settings (every combination of the dense rate, sparse"
+        " rate, warm-up steps and epochs above, the same grid for both) are chosen on a tuning"
+        f" set (synth seed {s['tune_seed']}, training seed {TUNE_TRAIN_SEED}); then per training"
+        " seed one run of each model with its chosen settings on the measurement set (synth seed"
+        f" {measure_seed}), whose AUC chose nothing. Validation split; mean ± half-width of the 95% t interval"
+        " over the seeds.",
     ]
     for cross, c in r["crosses"].items():
-        lrs = list(c["grid"]["dot"])
-        lines += [
-            "",
-            f"## `cross={cross}`",
-            "",
-            f"Tuning set (oracle AUC {c['tune_oracle_auc']:.4f}), val AUC by `optim.dense.lr`:",
-            "",
-            "| model | " + " | ".join(lrs) + " | chosen |",
-            "|---|" + "---|" * (len(lrs) + 1),
-        ]
-        for m, g in c["grid"].items():
-            cells = " | ".join("diverged" if g[lr] is None else f"{g[lr]:.4f}" for lr in lrs)
-            lines.append(f"| {m} | {cells} | {c['chosen_lr'][m]} |")
-        lines += [
-            "",
-            f"Measurement set, oracle AUC (the planted model's own scores): {c['oracle_auc']:.4f}",
-            "",
-            "| model | val AUC | val log loss | per seed (AUC) |",
-            "|---|---|---|---|",
-        ]
-        for m in c["runs"]:
-            auc, ll = c["auc"][m], c["logloss"][m]
-            seeds = ", ".join(f"{x['val_auc']:.4f}" for x in c["runs"][m])
-            lines.append(
-                f"| {m} | {auc[0]:.4f} ± {auc[1]:.4f} | {ll[0]:.4f} ± {ll[1]:.4f} | {seeds} |"
-            )
-        d = c["auc_dcn_minus_dot"]
-        lines += ["", f"AUC dcn - dot, paired by seed: {d[0]:+.4f} ± {d[1]:.4f}"]
+        lines += ["", f"## `cross={cross}`", "", *tuning_table(c), "", *measurement(c)]
     return "\n".join(lines) + "\n"
+
+
+def tuning_table(c: dict) -> list[str]:
+    """The tuning grid's val AUC per model, the chosen settings in bold."""
+    keys = list(AXES.values())
+    lines = [
+        f"Tuning set (oracle AUC {c['tune_oracle_auc']:.4f}), val AUC by setting (**chosen**):",
+        "",
+        "| " + " | ".join(f"`{k}`" for k in keys) + " | " + " | ".join(c["tuning"]) + " |",
+        "|---" * (len(keys) + len(c["tuning"])) + "|",
+    ]
+    by_model = list(c["tuning"].values())
+    for i, point in enumerate(by_model[0]):
+        cells = []
+        for name, tried in c["tuning"].items():
+            auc = tried[i]["val_auc"]
+            cell = "diverged" if auc is None else f"{auc:.4f}"
+            cells.append(f"**{cell}**" if tried[i]["settings"] == c["chosen"][name] else cell)
+        settings = " | ".join(f"{point['settings'][k]:g}" for k in keys)
+        lines.append(f"| {settings} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def measurement(c: dict) -> list[str]:
+    """Per model the measurement set's AUC and log loss over seeds; the paired difference."""
+    lines = [
+        f"Measurement set, oracle AUC (the planted model's own scores): {c['oracle_auc']:.4f}",
+        "",
+        "| model | settings | val AUC | val log loss | per seed (AUC) |",
+        "|---|---|---|---|---|",
+    ]
+    for m in c["runs"]:
+        auc, ll = c["auc"][m], c["logloss"][m]
+        seeds = ", ".join(f"{x['val_auc']:.4f}" for x in c["runs"][m])
+        chosen = " ".join(overrides(c["chosen"][m]))
+        lines.append(
+            f"| {m} | `{chosen}` | {auc[0]:.4f} ± {auc[1]:.4f} | {ll[0]:.4f} ± {ll[1]:.4f}"
+            f" | {seeds} |"
+        )
+    d = c["auc_dcn_minus_dot"]
+    lines += ["", f"AUC dcn - dot, paired by seed: {d[0]:+.4f} ± {d[1]:.4f}: {verdict(*d)}"]
+    return lines
+
+
+def verdict(mean: float, half: float) -> str:
+    """What the paired difference dcn - dot (mean, 95% half-width) shows about "at least"."""
+    if mean - half > 0:
+        return "DLRM-DCN above dot-DLRM (the interval excludes 0)."
+    if mean >= 0:
+        return "DLRM-DCN's mean at or above dot-DLRM's; the interval includes 0."
+    if mean + half >= 0:
+        return "DLRM-DCN's mean below dot-DLRM's; the interval includes 0 (a tie within noise)."
+    return "DLRM-DCN below dot-DLRM (the interval excludes 0)."
 
 
 if __name__ == "__main__":
