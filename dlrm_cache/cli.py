@@ -6,6 +6,7 @@ here and the rest (overrides, -m, --cfg job, --help, ...) goes to that command's
 
 from __future__ import annotations
 
+import codecs
 import functools
 import os
 import shlex
@@ -270,6 +271,24 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def undecodable_argument(argv: list[str]) -> str | None:
+    """Why an argument cannot name a file here, or None.  A process whose file system encoding is
+    not UTF-8 (a legacy locale, or ``PYTHONUTF8=0`` under the C locale) decodes a non-ASCII path
+    into other characters, or into escapes no file name has; pyarrow, which opens the dataset's
+    files, takes names as UTF-8, so every file would read as missing or damaged."""
+    encoding = codecs.lookup(sys.getfilesystemencoding()).name
+    if encoding == "utf-8":
+        return None
+    odd = next((a for a in argv if not a.isascii()), None)
+    if odd is None:
+        return None
+    shown = odd.encode("ascii", "backslashreplace").decode()
+    return (
+        f"{shown}: non-ASCII characters, which this process decodes as {encoding} (its locale), "
+        "while the files are opened by UTF-8 names; run with PYTHONUTF8=1 or a UTF-8 locale"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = args = list(sys.argv[1:] if argv is None else argv)
     _ARGV0[:] = [sys.argv[0]]
@@ -286,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"dlrm-cache: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
     config_name, fn, summary = COMMANDS[command]
+    if (problem := undecodable_argument(argv)) is not None:
+        print(f"dlrm-cache {command}: error: {problem}", file=sys.stderr)
+        raise SystemExit(1)
     if any(a in HELP_FLAGS for a in argv):
         _answer(
             f"dlrm-cache {command}",

@@ -243,3 +243,20 @@ def test_synth_and_preprocess_write_nothing_where_they_run(tmp_path):
         assert res.returncode == 0, res.stderr
     assert list(work.iterdir()) == []
     assert (data / "ds" / "manifest.json").is_file()
+
+
+def test_a_non_ascii_path_under_a_non_utf8_file_system_encoding_is_one_line(tmp_path):
+    """With the file system encoding not UTF-8 (here ``PYTHONUTF8=0`` under the C locale) a
+    non-ASCII path decodes into escapes no file name has, and pyarrow, which takes UTF-8 names,
+    found every shard of an intact dataset missing or damaged ("preprocess again"): the command
+    now stops first, in one line that says how to run it."""
+    data = tmp_path / "données"
+    data.mkdir()
+    env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    r = run_cli("verify", str(data), cwd=tmp_path, env_extra=env, plain_errors=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert "non-ASCII" in lines[0] and "PYTHONUTF8=1" in lines[0], lines[0]
+    # under UTF-8 the same path is an ordinary one (here: not a dataset yet)
+    r = run_cli("verify", str(data), cwd=tmp_path, env_extra={"PYTHONUTF8": "1"}, plain_errors=True)
+    assert r.returncode == 1 and "non-ASCII" not in r.stderr and "manifest" in r.stderr, r.stderr
