@@ -58,20 +58,24 @@ def _ok(r) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _tail_in_batches(tmp_path: Path, rows: int) -> None:
-    """The input's last ``rows`` (its test split) as raw input, read in blocks of 30 rows (joined,
-    and cut across batches), scored in batches of 100 as the split is (a batch's size changes a
-    CPU matmul's rounding): equal scores."""
-    tail = pq.read_table(tmp_path / "input.parquet")
-    pq.write_table(tail.slice(len(tail) - rows), tmp_path / "tail.parquet")
-    for name, args in (
-        ("split100", ["input=ds"]),
-        ("raw100", ["input=tail.parquet", "chunk_bytes=7680"]),
-    ):
+def _scored_in_batches_of_100(tmp_path: Path, raw: list[str]) -> pa.Table:
+    """The test split and ``raw`` (predict's arguments for raw input of the same rows, read in
+    blocks cut across batches) scored in batches of 100 each (a batch's size changes a CPU
+    matmul's rounding): equal scores.  Returns the raw input's predictions."""
+    for name, args in (("split100", ["input=ds"]), ("raw100", raw)):
         _ok(run_cli("predict", "checkpoint=run", *args, f"output={name}.parquet", "batch_size=100",
                     cwd=tmp_path))  # fmt: skip
-    split, raw = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("split100", "raw100"))
-    np.testing.assert_array_equal(raw.column("probability"), split.column("probability"))
+    split, scored = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("split100", "raw100"))
+    np.testing.assert_array_equal(scored.column("probability"), split.column("probability"))
+    return scored
+
+
+def _tail_in_batches(tmp_path: Path, rows: int) -> None:
+    """The input's last ``rows`` (its test split) as raw input, read in blocks of 30 rows (joined,
+    and cut across batches), scored as the split is: equal scores, every line numbered."""
+    tail = pq.read_table(tmp_path / "input.parquet")
+    pq.write_table(tail.slice(len(tail) - rows), tmp_path / "tail.parquet")
+    raw = _scored_in_batches_of_100(tmp_path, ["input=tail.parquet", "chunk_bytes=7680"])
     np.testing.assert_array_equal(raw.column("line"), np.arange(1, rows + 1))
 
 
@@ -205,11 +209,7 @@ def test_criteo_layout_with_multi_hot_columns_scores_raw_lines_as_processed(tmp_
     np.testing.assert_array_equal(raw.column("label")[-n:], split.column("label"))
     lines = (tmp_path / "raw" / "day_0").read_bytes().splitlines(keepends=True)
     (tmp_path / "tail").write_bytes(b"".join(lines[-n:]))
-    for name, args in (("split100", ["input=ds"]), ("tail100", ["input=tail", "chunk_bytes=7000"])):
-        _ok(run_cli("predict", "checkpoint=run", *args, f"output={name}.parquet", "batch_size=100",
-                    cwd=tmp_path))  # fmt: skip
-    split, tail = (pq.read_table(tmp_path / f"{m}.parquet") for m in ("split100", "tail100"))
-    np.testing.assert_array_equal(tail.column("probability"), split.column("probability"))
+    _scored_in_batches_of_100(tmp_path, ["input=tail", "chunk_bytes=7000"])
     _raw_lists_are_the_processed_lists(tmp_path / "raw" / "day_0", tmp_path / "ds")
 
 
