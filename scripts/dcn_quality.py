@@ -45,6 +45,8 @@ AXES = {
     "warmups": "optim.warmup_steps",
     "epochs": "epochs",
 }
+# each override's letter in run names (``label``)
+LETTER = dict(zip(AXES.values(), "dswe"))
 
 
 class Failed(Exception):
@@ -111,13 +113,7 @@ def grid(a: argparse.Namespace) -> list[dict[str, float]]:
 
 def label(settings: dict[str, float]) -> str:
     """A run's name part for its settings: ``d0.03-s0.05-w200-e1``."""
-    short = {
-        "optim.dense.lr": "d",
-        "optim.sparse.lr": "s",
-        "optim.warmup_steps": "w",
-        "epochs": "e",
-    }
-    return "-".join(f"{short[k]}{v:g}" for k, v in settings.items())
+    return "-".join(f"{LETTER[k]}{v:g}" for k, v in settings.items())
 
 
 def overrides(settings: dict[str, float]) -> list[str]:
