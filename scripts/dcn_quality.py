@@ -5,9 +5,11 @@
 (the train overrides both models share after ``--``: the grid options take several values each)
 
 Per kind of planted cross (``dlrm-cache synth cross=ids|dense cross_scale=...``; see
-``dlrm_cache/data/synth.py``), two synthetic datasets of the same settings but different planted
-models: a *tuning* set (synth seed ``--tune-seed``) and a *measurement* set (``--measure-seed``).  On the
-tuning set each model's optimizer settings are chosen by its validation AUC over the grid of every
+``dlrm_cache/data/synth.py``), two synthetic datasets of the same settings: a *tuning* set (synth
+seed ``--tune-seed``) and a *measurement* set (``--measure-seed``, a different planted model; or,
+with ``--measure-sample-seed`` and ``--measure-seed`` equal to ``--tune-seed``, new rows drawn
+from the tuning set's planted model, the usual held-out design: tuned and measured on one task).
+On the tuning set each model's optimizer settings are chosen by its validation AUC over the grid of every
 combination of ``--lrs`` (dense rate), ``--sparse-lrs``, ``--warmups`` (linear warm-up steps of
 both rates) and ``--epochs`` (one run each, training seed 100); the measurement set's validation AUC
 is never looked at for a choice.  The grid is the same for both models, so neither gets more tuning.
@@ -70,13 +72,22 @@ def spread(values: list[float]) -> tuple[float, float]:
     return mean, T975[len(values) - 1] * statistics.stdev(values) / len(values) ** 0.5
 
 
-def dataset(a: argparse.Namespace, cross: str, seed: int) -> tuple[Path, float]:
+def set_name(cross: str, seed: int, sample_seed: int | None = None) -> str:
+    """The work directory of one dataset: ``dense-1``, or ``dense-1s2`` for sample_seed 2."""
+    return f"{cross}-{seed}" + ("" if sample_seed is None else f"s{sample_seed}")
+
+
+def dataset(
+    a: argparse.Namespace, cross: str, seed: int, sample_seed: int | None = None
+) -> tuple[Path, float]:
     """Synthesize and preprocess one dataset; its processed path and oracle AUC."""
-    raw, data = a.work / f"{cross}-{seed}" / "raw", a.work / f"{cross}-{seed}" / "processed"
+    raw = a.work / set_name(cross, seed, sample_seed) / "raw"
+    data = raw.parent / "processed"
     cli(
         "synth",
         f"output={raw}",
         f"seed={seed}",
+        *([] if sample_seed is None else [f"sample_seed={sample_seed}"]),
         f"lines={a.lines}",
         f"cardinality_scale={a.cardinality_scale}",
         f"cross={cross}",
@@ -133,7 +144,7 @@ def tune(a: argparse.Namespace, cross: str, data: Path, name: str) -> list[dict]
     """One run of model ``name`` per grid point on the tuning set; val AUC None: diverged."""
     tried = []
     for settings in grid(a):
-        run = a.work / f"{cross}-{a.tune_seed}" / f"{name}-{label(settings)}"
+        run = a.work / set_name(cross, a.tune_seed) / f"{name}-{label(settings)}"
         try:
             r = train(a, data, run, TUNE_TRAIN_SEED, *MODELS[name], *overrides(settings))
             auc: float | None = r["val_auc"]
@@ -150,11 +161,11 @@ def measure(a: argparse.Namespace, cross: str) -> dict:
     tune_data, tune_oracle = dataset(a, cross, a.tune_seed)
     tuning = {name: tune(a, cross, tune_data, name) for name in MODELS}
     chosen = {name: best(tried) for name, tried in tuning.items()}
-    data, oracle = dataset(a, cross, a.measure_seed)
+    data, oracle = dataset(a, cross, a.measure_seed, a.measure_sample_seed)
     runs: dict[str, list[dict]] = {m: [] for m in MODELS}
     for seed in range(a.seeds):
         for name, extra in MODELS.items():
-            run = a.work / f"{cross}-{a.measure_seed}" / f"{name}-{seed}"
+            run = data.parent / f"{name}-{seed}"
             runs[name].append(train(a, data, run, seed, *extra, *overrides(chosen[name])))
     diff = [c["val_auc"] - d["val_auc"] for c, d in zip(runs["dcn"], runs["dot"])]
     return {
@@ -183,6 +194,13 @@ def main() -> None:
     )
     p.add_argument("--tune-seed", type=int, default=1, help="synth seed of the tuning set")
     p.add_argument("--measure-seed", type=int, default=0, help="synth seed of the measurement set")
+    p.add_argument(
+        "--measure-sample-seed",
+        type=int,
+        default=None,
+        help="synth sample_seed of the measurement set: with --measure-seed equal to --tune-seed,"
+        " a new sample of the tuning set's planted model",
+    )
     p.add_argument(
         "--lrs", type=float, nargs="+", default=[0.01, 0.03, 0.1], help="dense rates tried"
     )
@@ -224,6 +242,14 @@ def main() -> None:
 def report(r: dict) -> str:
     s = r["settings"]
     measure_seed = s.get("measure_seed", 0)  # reports from before the option: 0
+    sample_seed = s.get("measure_sample_seed")
+    sample = "" if sample_seed is None else f" --measure-sample-seed {sample_seed}"
+    measure_set = f"synth seed {measure_seed}" + (
+        ""
+        if sample_seed is None
+        else f", sample_seed {sample_seed}"
+        + (": the tuning set's planted model" if measure_seed == s["tune_seed"] else "")
+    )
     tuned = " ".join(
         f"--{axis.replace('_', '-')} {' '.join(f'{v:g}' for v in s[axis])}" for axis in AXES
     )
@@ -233,14 +259,14 @@ def report(r: dict) -> str:
         f"`python scripts/dcn_quality.py --crosses {' '.join(s['crosses'])} --lines {s['lines']}"
         f" --cardinality-scale {s['cardinality_scale']} --cross-scale {s['cross_scale']}"
         f" --interaction-scale {s['interaction_scale']} --tune-seed {s['tune_seed']}"
-        f" --measure-seed {measure_seed}"
+        f" --measure-seed {measure_seed}{sample}"
         f" {tuned} --seeds {s['seeds']} -- {' '.join(s['model'])}`"
         f" ({r['seconds']:.0f} s on this machine's CPU). Per"
         " cross, each model's optimizer settings (every combination of the dense rate, sparse"
         " rate, warm-up steps and epochs above, the same grid for both) are chosen on a tuning"
         f" set (synth seed {s['tune_seed']}, training seed {TUNE_TRAIN_SEED}); then per training"
-        " seed one run of each model with its chosen settings on the measurement set (synth seed"
-        f" {measure_seed}), whose AUC chose nothing. Validation split; mean ± half-width of the 95% t interval"
+        " seed one run of each model with its chosen settings on the measurement set"
+        f" ({measure_set}), whose AUC chose nothing. Validation split; mean ± half-width of the 95% t interval"
         " over the seeds.",
     ]
     for cross, c in r["crosses"].items():

@@ -156,6 +156,8 @@ def synth(cfg: SynthConfig | Any) -> Path:
     if not settings.get("cross_scale"):  # no cross: the record of the generator before it
         settings.pop("cross_scale", None)
         settings.pop("cross", None)
+    if settings.get("sample_seed") is None:  # rows drawn with ``seed``: likewise
+        settings.pop("sample_seed", None)
     if not settings.get("multi_hot_sizes"):  # one-hot: likewise
         for key in _LIST_KEYS:
             settings.pop(key, None)
@@ -175,6 +177,7 @@ def synth(cfg: SynthConfig | Any) -> Path:
     (out / ORACLE).unlink(missing_ok=True)  # the record is rewritten last: no stale claim meanwhile
     _remove_stale(out, set(names))
 
+    rows_seed = int(cfg.seed if cfg.sample_seed is None else cfg.sample_seed)
     scores: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     files, bad_total = [], 0
@@ -183,7 +186,7 @@ def synth(cfg: SynthConfig | Any) -> Path:
     )
     for i, (name, n_lines) in enumerate(zip(names, _file_lines(int(cfg.lines), int(cfg.files)))):
         starts = range(0, n_lines, CHUNK_LINES)
-        jobs = [(int(cfg.seed), i, c, min(CHUNK_LINES, n_lines - s)) for c, s in enumerate(starts)]
+        jobs = [(rows_seed, i, c, min(CHUNK_LINES, n_lines - s)) for c, s in enumerate(starts)]
         # Two worker threads (numpy and pyarrow release the GIL): about 2x on 2 cores.
         chunks = Prefetcher(
             iter(jobs), depth=2, transform=lambda job: _make_chunk(model, cfg, *job), workers=2

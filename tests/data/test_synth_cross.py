@@ -84,3 +84,25 @@ def test_dense_cross_shows_in_the_written_labels(tmp_path: Path):
     assert gaps["dense"] > 0.3 and abs(gaps["plain"]) < 0.1, gaps
     settings = json.loads((tmp_path / "dense" / "oracle.json").read_text())["settings"]
     assert (settings["cross"], settings["cross_scale"]) == ("dense", 3.0)
+
+
+def test_sample_seed_draws_new_rows_from_the_same_planted_model(tmp_path: Path):
+    """sample_seed changes the rows, not the model: the two samples' ids come from one vocabulary
+    (random 32-bit spellings per seed: another seed shares none), while their lines differ; unset
+    or equal to seed it writes the bytes of seed alone."""
+
+    def sample_of(name: str, **extra) -> Path:
+        return synth(SynthConfig(output=str(tmp_path / name), **(SMALL | extra)))
+
+    base, same = sample_of("base"), sample_of("same", sample_seed=SMALL["seed"])
+    other, model9 = sample_of("other", sample_seed=9), sample_of("model9", seed=9)
+    assert (base / "day_0").read_bytes() == (same / "day_0").read_bytes()
+    rows = {p.name: _lines(p) for p in (base, other, model9)}
+    assert sum(a != b for a, b in zip(rows["base"], rows["other"])) > 0.9 * SMALL["lines"]
+    for col in range(14, 40):
+        ids = {name: {r[col] for r in lines if r[col]} for name, lines in rows.items()}
+        assert len(ids["base"] & ids["other"]) >= 0.2 * min(len(ids["base"]), len(ids["other"]))
+        assert not ids["base"] & ids["model9"], col
+    settings = json.loads((other / "oracle.json").read_text())["settings"]
+    assert (settings["seed"], settings["sample_seed"]) == (SMALL["seed"], 9)
+    assert "sample_seed" not in json.loads((base / "oracle.json").read_text())["settings"]
