@@ -10,6 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from launching import run_cli
 from omegaconf import OmegaConf
+from tiny import TINY_MODEL
 
 from dlrm_cache.configstore import config_dir, register_configs
 
@@ -17,7 +18,7 @@ from dlrm_cache.configstore import config_dir, register_configs
 # 80 batches: it measures a little below the steady state plan predicts (0.952 against 0.957)
 OVERALL_TOLERANCE = 0.01
 PER_TABLE_TOLERANCE = 0.03
-SMALL = ["model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]"]
+SMALL = TINY_MODEL
 
 
 def _cfg_job(command: str, *overrides: str) -> dict:

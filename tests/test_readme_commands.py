@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 from launching import REPO
+from tiny import TINY_MODEL
 
 SMALL = [
     "data.batch_size=256",
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
+    *TINY_MODEL,
     "device=cpu",
     "progress=false",
     "eval_batches=1",

@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from launching import REPO, run_cli
 from omegaconf import OmegaConf
 from PIL import Image
+from tiny import TINY_MODEL
 
 from dlrm_cache.bench.run import bench, bench_series
 from dlrm_cache.cache_sizing import plan, plan_series
@@ -46,9 +47,7 @@ SMALL = [
     "device=cpu",
     "progress=false",
     "data.batch_size=256",
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
+    *TINY_MODEL,
     "max_steps=12",
     "log_every=3",
     "eval_every=6",

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from launching import run_cli
+from tiny import TINY_MODEL
 
 from dlrm_cache.data.format import Manifest
 
@@ -36,8 +37,7 @@ sparse:
   - {name: cat6}
   - {name: cat7}
 """
-TRAIN = ["embedding=host", "device=cpu", "progress=false", "data.batch_size=256",
-         "model.embedding_dim=8", "model.bottom_mlp=[16]", "model.top_mlp=[16]",
+TRAIN = ["embedding=host", "device=cpu", "progress=false", "data.batch_size=256", *TINY_MODEL,
          "max_steps=5"]  # fmt: skip
 
 

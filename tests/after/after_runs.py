@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
+from tiny import TINY_MODEL
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -38,9 +39,7 @@ def train_overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
         "progress=false",
         "data.batch_size=256",
         "data.eval_batch_size=1000",
-        "model.embedding_dim=8",
-        "model.bottom_mlp=[16]",
-        "model.top_mlp=[16]",
+        *TINY_MODEL,
         "max_steps=30",
         "log_every=10",
         "test=true",

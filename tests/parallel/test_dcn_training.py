@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from test_distributed import _in_process, _overrides, _state, launch, run_single
+from tiny import TINY_MODEL
 
 STEPS = 12
 # the MLPerf model's layout, narrowed to this machine (every dcn key set from the command line)
 DCN = [
     "model=dcn",
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
+    *TINY_MODEL,
     "model.dcn_num_layers=2",
     "model.dcn_low_rank_dim=4",
     f"max_steps={STEPS}",

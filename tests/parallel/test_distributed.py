@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from launching import TORCHRUN_2, launch_ranks
+from tiny import TINY_MODEL
 
 from dlrm_cache.parallel.placement import parse_key
 from dlrm_cache.train.saved import Checkpoint
@@ -25,9 +26,7 @@ def _overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
         # 2000 validation rows in batches of 1999: the last batch has 1 row, so one rank gets none
         "data.batch_size=128",
         "data.eval_batch_size=1999",
-        "model.embedding_dim=8",
-        "model.bottom_mlp=[16]",
-        "model.top_mlp=[16]",
+        *TINY_MODEL,
         "log_every=5",
         "data.shuffle=true",
         "optim.sparse.lr=0.1",

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tiny import TINY_MODEL
 
 from dlrm_cache.cli import main
 
@@ -22,9 +23,7 @@ SMALL = [
     "progress=false",
     "data.batch_size=256",
     "data.eval_batch_size=1000",
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
+    *TINY_MODEL,
     "eval_batches=1",
     "log_every=5",
 ]

@@ -24,6 +24,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 from test_train import _params as params
+from tiny import TINY_MODEL
 
 from dlrm_cache.train.checkpoint import find_checkpoint
 
@@ -347,9 +348,7 @@ def test_cli_refuses_a_crafted_checkpoint_in_one_line(straight, tmp_path: Path):
         f"data.path={cfg.data.path}",
         f"hydra.run.dir={tmp_path / 'new'}",
         "device=cpu",
-        "model.embedding_dim=8",
-        "model.bottom_mlp=[16]",
-        "model.top_mlp=[16]",
+        *TINY_MODEL,
         "data.batch_size=128",
         f"resume={src}",
     ]

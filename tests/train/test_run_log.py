@@ -8,14 +8,13 @@ import re
 from pathlib import Path
 
 from launching import run_cli
+from tiny import TINY_MODEL
 
 SMALL = [
     "device=cpu",
     "data.batch_size=256",
     "data.eval_batch_size=200",  # 2000 validation rows: 10 batches per evaluation
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
+    *TINY_MODEL,
     "max_steps=6",
     "log_every=2",
     "eval_every=3",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from tiny import TINY_MODEL
 
 from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.train.loop import train
@@ -20,9 +21,7 @@ SMALL = [
     "progress=false",
     "data.batch_size=128",
     "data.eval_batch_size=1000",
-    "model.embedding_dim=8",
-    "model.bottom_mlp=[16]",
-    "model.top_mlp=[16]",
+    *TINY_MODEL,
     "log_every=2",
     "optim.sparse.lr=0.1",
     "optim.dense.lr=0.05",
