@@ -103,9 +103,9 @@ class SynthConfig:
         1, ge=1
     )  # number of day_N files; lines are split evenly, earlier files get the remainder
     seed: int = checked(0, ge=0)  # same seed and settings -> byte-identical files
-    # Seeds the rows drawn from the planted model (null: ``seed``'s rows).  ``seed`` alone fixes the planted
-    # model (ids, effects, the cross), so two sets of one ``seed`` and different ``sample_seed`` are
-    # independent samples of one model: tune on one, measure on the other.
+    # Seeds the rows drawn from the planted model (null: ``seed``'s rows).  ``seed`` alone fixes
+    # the planted model (ids, effects, the cross), so two sets of one ``seed`` and different
+    # ``sample_seed`` are independent samples of one model: tune on one, measure on the other.
     sample_seed: int | None = checked(None, ge=0)
     # A preset name ("kaggle": Criteo Kaggle's 26 tables) or an explicit list of 26 ints.
     cardinalities: Any = "kaggle"
