@@ -116,3 +116,28 @@ def test_every_command_takes_the_checkpoint_the_records_name(
     assert [r["step"] for r in records(run, "start")] == [0, 10, 20]
     assert steps(run / "checkpoints") == ["step_00000010", "step_00000020", "step_00000025"]
     assert steps(run / "abandoned" / "after_step_00000020" / "checkpoints") == ["step_00000030"]
+
+
+def test_overwrite_refuses_to_delete_the_abandoned_checkpoint_it_resumes(
+    capsys, branched: Path, processed_synth: Path, tmp_path: Path
+):
+    """``overwrite=true`` removes the run's files, ``abandoned/`` included: a resume from a
+    checkpoint in there is refused before anything is removed (it deleted the whole run, the
+    checkpoint too, then failed reading it)."""
+    run = tmp_path / "run"
+    shutil.copytree(branched, run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    ckpt = run / "abandoned" / "after_step_00000010" / "checkpoints" / "step_00000030"
+    code, _, err = cli(
+        capsys,
+        "train",
+        f"data.path={processed_synth}",
+        f"hydra.run.dir={run}",
+        *SMALL,
+        "overwrite=true",
+        f"resume={ckpt}",
+    )
+    assert code == 1, err
+    line = err.strip()
+    assert "\n" not in line and "overwrite=true would delete" in line and str(ckpt) in line, err
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
