@@ -437,6 +437,21 @@ def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(
     assert list((tmp_path / "new").glob("*")) == []
 
 
+def test_resume_past_the_end_of_the_run_is_refused_naming_the_key(straight, tmp_path: Path):
+    """A checkpoint of step 12 resumed by a run of 6 steps: refused before anything is written
+    (it did no step, saved step 12 again and reported a run of 12 steps, exit 0)."""
+    from dlrm_cache.train.loop import train
+
+    cfg, base, _ = straight
+    other = _compose(Path(cfg.data.path), ["max_steps=6"])
+    with pytest.raises(ValueError) as e:
+        train(at(other, tmp_path / "new", base))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("max_steps=6: "), msg
+    assert "step 12" in msg and str(base / "checkpoints" / "step_00000012") in msg, msg
+    assert list((tmp_path / "new").glob("*")) == []
+
+
 def test_resume_on_another_dataset_is_refused(straight, tmp_path: Path, dataset_writer):
     from dlrm_cache.train.loop import train
 
