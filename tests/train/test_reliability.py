@@ -418,6 +418,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path
             ["model.top_mlp=[16] (now [32])", "optim.dense.name='adagrad' (now 'adam')"],
         ),
         (["data.batch_size=64"], ["data.batch_size=128 (now 64)"]),
+        (["model.pooling=mean"], ["model.pooling='sum' (now 'mean')"]),
     ],
 )
 def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(
