@@ -388,11 +388,13 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     val_stream = make_stream(
         cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned
     )
-    log = open_log(
-        run_dir, enabled=info.is_main, keep=ckpt.log_records(run_dir) if ckpt is not None else None
-    )
+    keep = ckpt.log_records(run_dir) if ckpt is not None else None
     from ..tensorboard import attach as attach_tensorboard
+    from ..tensorboard import cut_back as cut_back_tensorboard
 
+    if keep is not None and info.is_main:  # before the log is cut: its records say what to keep
+        cut_back_tensorboard(run_dir, keep)
+    log = open_log(run_dir, enabled=info.is_main, keep=keep)
     attach_tensorboard(log, cfg.logger.tensorboard, run_dir)
     return TrainingRun(
         cfg,
