@@ -28,7 +28,7 @@ from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import eval_batches, evaluate
-from .optim import build_dense_optimizer, dense_state_floats
+from .optim import build_dense_optimizer, dense_state_floats, load_dense_state
 from .resume import open_resume
 from .saved import Checkpoint
 from .signals import StopAgreement
@@ -421,7 +421,7 @@ def restore(run: TrainingRun) -> int:
     if ckpt is None:
         return 0
     run.model.load_dense_state_dict(ckpt.dense["model"])
-    run.opt.load_state_dict(ckpt.dense["optimizer"])
+    load_dense_state(run.opt, ckpt.dense["optimizer"])
     if run.embeddings.state_keys():
         run.embeddings.import_tables(ckpt.tables(run.embeddings.state_keys()))
     if run.info.is_main:

@@ -48,6 +48,23 @@ def dense_optimizer(
     raise ValueError(f"optim.dense.name={name!r}: choose one of {sorted(FUSED_DEVICES)}")
 
 
+# the param-group keys that say how an optimizer runs (which kernels), not what it computes
+IMPL_KEYS = ("fused", "foreach")
+
+
+def load_dense_state(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``opt.load_state_dict(state)`` keeping ``opt``'s implementation (:data:`IMPL_KEYS`, chosen
+    for this device by :func:`dense_optimizer_impl`) rather than the writer's: a checkpoint written
+    on a GPU resumes on a CPU and back, and the writer's flags may name a kernel this device lacks
+    (torch 2.11 has no fused Adagrad on CUDA).  Set before loading, so the state's tensors are
+    placed as this implementation wants them."""
+    groups = [
+        {**saved, **{k: now.get(k) for k in IMPL_KEYS}}
+        for saved, now in zip(state["param_groups"], opt.param_groups, strict=True)
+    ]
+    opt.load_state_dict({**state, "param_groups": groups})
+
+
 def build_dense_optimizer(
     cfg: DictConfig, params: Iterable[torch.nn.Parameter], device: torch.device
 ) -> torch.optim.Optimizer:

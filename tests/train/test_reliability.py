@@ -453,6 +453,35 @@ def test_resume_past_the_end_of_the_run_is_refused_naming_the_key(straight, tmp_
     assert list((tmp_path / "new").glob("*")) == []
 
 
+def test_resume_keeps_the_dense_optimizer_implementation_of_the_resuming_device(
+    straight, tmp_path: Path
+):
+    """A checkpoint's optimizer state records how its writer ran (a GPU's Adagrad: ``foreach``);
+    the resumed run keeps its own device's (fused on the CPU), as it would have built it: the
+    writer's flags named a kernel the resuming device may not have."""
+    from dlrm_cache.parallel.dist import DistInfo
+    from dlrm_cache.train.build import build_run, restore
+    from dlrm_cache.train.claim import release
+
+    cfg, base, _ = straight
+    ckpt = tmp_path / "gpu" / "checkpoints" / "step_00000012"
+    shutil.copytree(base / "checkpoints" / "step_00000012", ckpt)
+    dense = torch.load(ckpt / "dense.pt", weights_only=True)
+    for group in dense["optimizer"]["param_groups"]:
+        assert group["fused"] is True  # this machine's Adagrad
+        group.update(fused=None, foreach=True)  # as torch 2.11 on a GPU writes it
+    torch.save(dense, ckpt / "dense.pt")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"]["dense.pt"] = (ckpt / "dense.pt").stat().st_size
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    run = build_run(at(cfg, tmp_path / "new", ckpt), torch.device("cpu"), DistInfo())
+    try:
+        assert restore(run) == 12
+        assert [(g["fused"], g["foreach"]) for g in run.opt.param_groups] == [(True, None)]
+    finally:
+        release()
+
+
 def test_resume_on_another_dataset_is_refused(straight, tmp_path: Path, dataset_writer):
     from dlrm_cache.train.loop import train
 
