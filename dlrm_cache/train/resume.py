@@ -62,6 +62,7 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
     ckpt.check_tables()
+    ckpt.check_optimizer()
     now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
     for k, before in LATER_KEYS.items():  # written before the key: trained with its value then

@@ -301,7 +301,35 @@ def _missing_tables(ckpt: Path, marker: Path) -> str:
     return "tables-rank0.pt: missing"
 
 
+def _optimizer_state(change):
+    """A dense.pt whose optimizer state ``change`` (state dict -> state dict) made another one's."""
+
+    def damage(ckpt: Path, marker: Path) -> str:
+        dense = torch.load(ckpt / "dense.pt", weights_only=True)
+        dense["optimizer"] = change(dense["optimizer"])
+        torch.save(dense, ckpt / "dense.pt")
+        _set_size(ckpt, "dense.pt")
+        return "dense.pt: its optimizer state is not optim.dense.name=adagrad's"
+
+    return damage
+
+
+def _as_adam(o: dict) -> dict:
+    return {
+        **o,
+        "state": {i: {"step": s["step"], "exp_avg": s["sum"]} for i, s in o["state"].items()},
+    }
+
+
+def _cut_sums(o: dict) -> dict:
+    return {**o, "state": {i: {**s, "sum": s["sum"][:1]} for i, s in o["state"].items()}}
+
+
 DAMAGE = {
+    "no optimizer state": _optimizer_state(lambda o: {}),
+    "no parameter group": _optimizer_state(lambda o: {"state": {}, "param_groups": []}),
+    "another optimizer's state": _optimizer_state(_as_adam),
+    "optimizer state of another shape": _optimizer_state(_cut_sums),
     "crafted torch.save dense.pt": _crafted_torch_dense,
     "crafted plain pickle dense.pt": _crafted_pickle_dense,
     "crafted tables file": _crafted_tables,
