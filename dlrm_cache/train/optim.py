@@ -16,6 +16,10 @@ from omegaconf import DictConfig
 FUSED_DEVICES = {"sgd": {"cpu", "cuda"}, "adam": {"cpu", "cuda"}, "adagrad": {"cpu"}}
 
 
+# the dense optimizers optim.dense.momentum applies to (dense_optimizer passes it to these only)
+MOMENTUM_OPTIMIZERS = ("sgd",)
+
+
 def dense_state_fields(name: str, momentum: float = 0.0) -> tuple[str, ...]:
     """The state torch's optimizer keeps per dense parameter, each of the parameter's shape:
     Adam's two moments, Adagrad's sum of squares, SGD's momentum buffer (when it has momentum).

@@ -17,13 +17,14 @@ from ..config import config_dict, flatten
 from ..data.format import Manifest
 from ..layout import CKPT_META
 from .checkpoint import find_checkpoint
+from .optim import MOMENTUM_OPTIMIZERS
 from .saved import Checkpoint
 
 # What a resumed run must share with its checkpoint: the model (its shapes, and what it computes
 # from them: the interaction, the pooling of a feature's ids), the optimizers whose state it holds
-# (and the dense optimizer's settings, which loading its state restores), and what fixes the data
-# position (global batch k of epoch e).  Everything else (learning rates, schedules, embedding
-# placement, number of ranks, evaluation, logging) may change on resume.
+# (and the dense optimizer's settings, which loading its state restores; momentum where it takes
+# one), and what fixes the data position (global batch k of epoch e).  Everything else (learning
+# rates, schedules, embedding placement, number of ranks, evaluation, logging) may change on resume.
 RESUME_KEYS = (
     "model.embedding_dim",
     "model.bottom_mlp",
@@ -78,6 +79,8 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
             f"{ckpt.path / CKPT_META}: records no {unknown[0]} (of the run's config or its dataset); "
             "it cannot be checked against this run, resume from another checkpoint"
         )
+    if not {now["optim.dense.name"], then["optim.dense.name"]} & {*MOMENTUM_OPTIMIZERS}:
+        del now["optim.dense.momentum"], then["optim.dense.momentum"]  # neither one takes it
     if "dataset.schema_digest" in then:  # trained under a user schema: this dataset must be too
         now.setdefault("dataset.schema_digest", "")
     diff = [k for k in now if k in then and then[k] != now[k]]

@@ -526,7 +526,9 @@ def test_resume_may_change_learning_rates_and_run_longer(straight, tmp_path: Pat
 
     cfg, base, _ = straight
     other = _compose(
-        Path(cfg.data.path), ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01"]
+        Path(cfg.data.path),
+        # momentum: SGD's only; this run's Adagrad has none to change
+        ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01", "optim.dense.momentum=0.9"],
     )
     assert train(at(other, tmp_path / "new", base))["steps"] == 14
     assert [
