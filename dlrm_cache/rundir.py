@@ -119,6 +119,25 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def logged_records(run_dir: Path) -> list[dict[str, Any] | None]:
+    """Every complete line of ``run_dir``'s log, in order (item k is the line a ``keep`` of k + 1
+    keeps last, see :class:`JsonlLog`): its record, or None for a line that is not a JSON object.
+    A last line cut short by a kill is not a line; no log: none."""
+    metrics = run_dir / METRICS
+    if not metrics.is_file():
+        return []
+    out: list[dict[str, Any] | None] = []
+    for line in metrics.read_text(errors="replace").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        out.append(_nulls_as_nan(record) if isinstance(record, dict) else None)
+    return out
+
+
 def recorded_checkpoints(run_dir: Path) -> set[int] | None:
     """The steps of the checkpoints ``run_dir``'s log records (None: it has no log).
 

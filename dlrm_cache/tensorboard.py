@@ -149,6 +149,11 @@ def record_scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
     ]
 
 
+def record_step(record: dict[str, Any]) -> int:
+    """The step a record's scalars are shown at (the summary: at the run's last step)."""
+    return int(record.get("step", record.get("steps", 0)))
+
+
 class TensorBoardLog:
     """Appends records to one new event file in ``directory`` (a resumed run starts another file;
     TensorBoard reads them all)."""
@@ -162,8 +167,7 @@ class TensorBoardLog:
     def __call__(self, record: dict[str, Any]) -> None:
         scalars = record_scalars(record)
         if scalars:
-            step = record.get("step", record.get("steps", 0))  # the summary: at the run's last step
-            self._append(tfrecord(event(time.time(), int(step), scalars=scalars)))
+            self._append(tfrecord(event(time.time(), record_step(record), scalars=scalars)))
 
     def _append(self, data: bytes) -> None:
         with open(self.path, "ab") as f:  # flushed per record: a live run is visible at once
@@ -176,6 +180,64 @@ def attach(log: Any, enabled: bool, run_dir: str | os.PathLike) -> None:
     (rank 0)."""
     if enabled and log.enabled:
         log.sinks.append(TensorBoardLog(run_dir))
+
+
+def cut_back(run_dir: str | os.PathLike, keep: int) -> None:
+    """The event files in ``run_dir`` cut back to the scalars of the first ``keep`` records of its
+    metrics.jsonl, as a resume cuts the log back to its checkpoint's records: the steps it redoes
+    (or a branch replaces) are then shown once, as the log records them, not twice.
+
+    Each event is matched, in file order, to the next record of the log that holds the same step
+    and scalars; an event of a later record, or of none (cut from the log before), is dropped.
+    Each file is rewritten whole under a temporary name: a kill leaves it as it was or cut.
+    """
+    from .data.files import atomic_file
+    from .rundir import logged_records
+
+    files = sorted(Path(run_dir).glob(EVENTS_GLOB))
+    if not files:
+        return
+    logged = enumerate(logged_records(Path(run_dir)))
+    wanted = [(i, _record_key(r)) for i, r in logged if r is not None and record_scalars(r)]
+    at = 0
+    for path in files:
+        bodies = list(read_records(path))
+        kept = bodies[:1]  # the file_version event
+        for body in bodies[1:]:
+            key = _event_key(body)
+            j = next((j for j in range(at, len(wanted)) if wanted[j][1] == key), None)
+            if j is None:
+                continue
+            at = j + 1
+            if wanted[j][0] < keep:
+                kept.append(body)
+        if len(kept) != len(bodies):
+            with atomic_file(path, "wb") as f:
+                f.write(b"".join(tfrecord(body) for body in kept))
+
+
+def _record_key(record: dict[str, Any]) -> tuple[int, tuple[tuple[str, bytes], ...]]:
+    """A record's step and scalars as its event stores them (float32 bytes)."""
+    return record_step(record), tuple((t, _f32(v)) for t, v in record_scalars(record))
+
+
+def _event_key(body: bytes) -> tuple[int, tuple[tuple[str, bytes], ...]]:
+    step, scalars = 0, []
+    for number, _wire, value in _fields(body):
+        if number == 2:
+            step = value - (1 << 64) if value >= 1 << 63 else value
+        elif number == 5:
+            for n, _, v in _fields(value):
+                if n == 1:
+                    fields = {k: x for k, _, x in _fields(v)}
+                    value = struct.unpack("<f", fields[2])[0]
+                    scalars.append((fields[1].decode(), _f32(value)))
+    return step, tuple(scalars)
+
+
+def _f32(value: float) -> bytes:
+    """A scalar as an event stores it; every NaN alike (the log writes each as null)."""
+    return b"nan" if math.isnan(value) else struct.pack("<f", value)
 
 
 # ------------------------------------------------------------------------------------ reading

@@ -7,7 +7,8 @@ records), rank 0 moves what the abandoned branch left to ``abandoned/after_step_
 
 * ``checkpoints/step_N`` for every N > K (complete or not, and what a killed save of it left),
 * ``summary.json`` (the abandoned branch's end),
-* ``metrics.jsonl``: a copy of the whole log as it was (and of Hydra's ``.hydra/``),
+* ``metrics.jsonl``: a copy of the whole log as it was (and of Hydra's ``.hydra/`` and the
+  TensorBoard event files, which the resume then cuts back as it cuts the log),
 
 which is a run directory of its own (`report`, `predict` and `export` read it; its final checkpoint
 is the abandoned branch's last).  Nothing is deleted; a second branch from the same step goes to
@@ -30,6 +31,7 @@ from pathlib import Path
 from ..data.files import atomic_file
 from ..layout import CKPT_META, SNAPSHOT
 from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
+from ..tensorboard import EVENTS_GLOB
 from .checkpoint import step_dirs
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,9 @@ def set_aside_branch(run_dir: Path, resume_from: Path) -> Path | None:
             shutil.copyfileobj(src, f)
     if (run_dir / SNAPSHOT).is_dir():  # Hydra's record of the run (report reads its cwd)
         shutil.copytree(run_dir / SNAPSHOT, dest / SNAPSHOT)
+    for events in run_dir.glob(EVENTS_GLOB):  # its TensorBoard scalars, as its log: whole
+        with atomic_file(dest / events.name, "wb") as f, open(events, "rb") as src:
+            shutil.copyfileobj(src, f)
     steps = ", ".join(str(n) for n in sorted({n for n, _ in later}))
     moved = [f"the checkpoints of steps {steps}"] if later else []
     if summary.exists():

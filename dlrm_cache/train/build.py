@@ -28,7 +28,7 @@ from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import eval_batches, evaluate
-from .optim import build_dense_optimizer, dense_state_floats
+from .optim import build_dense_optimizer, dense_state_floats, load_dense_state
 from .resume import open_resume
 from .saved import Checkpoint
 from .signals import StopAgreement
@@ -309,6 +309,43 @@ def load_dataset(cfg: DictConfig, info: DistInfo) -> Manifest:
     return manifest
 
 
+def steps_per_epoch(cfg: DictConfig, manifest: Manifest) -> int:
+    """Training steps of one epoch: the full global batches of the train split (the stream drops
+    the last partial one, see :func:`make_stream`)."""
+    steps = manifest.splits["train"].rows // cfg.data.batch_size
+    if steps == 0:
+        raise ValueError(
+            f"data.batch_size={cfg.data.batch_size}: larger than the training split "
+            f"({manifest.splits['train'].rows} rows of {cfg.data.path})"
+        )
+    return steps
+
+
+def planned_steps(cfg: DictConfig, manifest: Manifest) -> int:
+    """The step the run ends at: ``epochs`` epochs, or ``max_steps`` if it comes first."""
+    total = steps_per_epoch(cfg, manifest) * cfg.epochs
+    return min(total, cfg.max_steps) if cfg.max_steps >= 0 else total
+
+
+def check_resume_within(
+    cfg: DictConfig, manifest: Manifest, ckpt: Checkpoint, total_steps: int
+) -> None:
+    """A checkpoint past the run's end is refused, naming the key that ends it: the run would
+    train nothing and report the checkpoint's later step as its own end."""
+    if ckpt.step <= total_steps:
+        return
+    per_epoch = steps_per_epoch(cfg, manifest)
+    if 0 <= cfg.max_steps < per_epoch * cfg.epochs:
+        key = f"max_steps={cfg.max_steps}"
+    else:
+        key = f"epochs={cfg.epochs} ({per_epoch} steps each)"
+    raise ValueError(
+        f"{key}: this run ends at step {total_steps}, but the checkpoint resume= continues from "
+        f"({ckpt.path}) is at step {ckpt.step}; resume with a run that ends at step "
+        f"{ckpt.step} or later"
+    )
+
+
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
     run_dir = Path(agree_on_config(cfg, info))
     if info.is_main:
@@ -316,7 +353,10 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     data_path = Path(cfg.data.path)
     manifest = load_dataset(cfg, info)
     check_dense_memory(cfg, manifest, device, info)
+    total_steps = planned_steps(cfg, manifest)
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
+    if ckpt is not None:
+        check_resume_within(cfg, manifest, ckpt, total_steps)
     claim_run_dir(
         run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg
     )  # one run per run dir
@@ -348,20 +388,13 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     val_stream = make_stream(
         cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned
     )
-    steps_per_epoch = len(train_stream)
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"data.batch_size={cfg.data.batch_size}: larger than the training split "
-            f"({manifest.splits['train'].rows} rows of {data_path})"
-        )
-    total_steps = steps_per_epoch * cfg.epochs
-    if cfg.max_steps >= 0:
-        total_steps = min(total_steps, cfg.max_steps)
-    log = open_log(
-        run_dir, enabled=info.is_main, keep=ckpt.log_records(run_dir) if ckpt is not None else None
-    )
+    keep = ckpt.log_records(run_dir) if ckpt is not None else None
     from ..tensorboard import attach as attach_tensorboard
+    from ..tensorboard import cut_back as cut_back_tensorboard
 
+    if keep is not None and info.is_main:  # before the log is cut: its records say what to keep
+        cut_back_tensorboard(run_dir, keep)
+    log = open_log(run_dir, enabled=info.is_main, keep=keep)
     attach_tensorboard(log, cfg.logger.tensorboard, run_dir)
     return TrainingRun(
         cfg,
@@ -388,7 +421,7 @@ def restore(run: TrainingRun) -> int:
     if ckpt is None:
         return 0
     run.model.load_dense_state_dict(ckpt.dense["model"])
-    run.opt.load_state_dict(ckpt.dense["optimizer"])
+    load_dense_state(run.opt, ckpt.dense["optimizer"])
     if run.embeddings.state_keys():
         run.embeddings.import_tables(ckpt.tables(run.embeddings.state_keys()))
     if run.info.is_main:

@@ -185,7 +185,7 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
     if not found:
         return False
     ours = resume_from is not None and _own(run_dir, resume_from)
-    if ours and overwrite:
+    if overwrite and resume_from is not None and _removed_with(run_dir, found, resume_from):
         raise RunDirTaken(
             f"overwrite=true would delete the checkpoint resume= continues from ({resume_from}); "
             "choose one of them"
@@ -209,6 +209,13 @@ def _check_owner(run_dir: Path, resume_from: Path | None, overwrite: bool) -> bo
         f"run dir {run_dir} holds another run ({', '.join(found)}): {last}"
         "replace it with overwrite=true, or choose another hydra.run.dir"
     )
+
+
+def _removed_with(run_dir: Path, found: list[str], checkpoint: Path) -> bool:
+    """``checkpoint`` lies inside one of the run files ``found`` in ``run_dir`` (its own
+    ``checkpoints/``, or an abandoned branch's in ``abandoned/``), which ``overwrite`` removes."""
+    target = Path(checkpoint).resolve()
+    return any(target.is_relative_to((run_dir / name).resolve()) for name in found)
 
 
 def _own(run_dir: Path, checkpoint: Path) -> bool:

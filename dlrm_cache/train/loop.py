@@ -21,7 +21,7 @@ from ..data.format import Manifest
 from ..outputs import Stopped
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
 from ..readable import summary_order
-from ..rundir import FIRST_STEP, START, SUMMARY_RECORD, TRAIN, write_summary
+from ..rundir import EVAL, FIRST_STEP, START, SUMMARY_RECORD, TRAIN, logged_records, write_summary
 from .build import TrainingRun, build_run, restore
 from .claim import release as release_run_dirs
 from .guard import LossGuard
@@ -82,6 +82,12 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     saved = -1  # the step of the newest checkpoint this loop wrote
     model.train()
     stop.settle()  # a signal while the run was built: no step, nothing new to save
+    if not stop.signum and evaluation_owed(run, step):
+        with clock.pause():
+            try:
+                _periodic_evaluation(run, step)
+            except Stopped:  # stop.signum is set: no step done, nothing new to save
+                pass
     while step < run.total_steps and not stop.signum:
         epoch, start = divmod(step, steps_per_epoch)
         with Pipeline(
@@ -134,14 +140,9 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                         # the cache's counters so far are training's; evaluation's lookups are not
                         interval.add(embeddings.take_stats())
                         try:
-                            result = run.evaluate(step)
+                            _periodic_evaluation(run, step)
                         except Stopped:  # stop.signum is set: a checkpoint of this step, below
                             break
-                        embeddings.reset_stats()
-                    if info.is_main:
-                        say(
-                            f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}"
-                        )
                 if (
                     cfg.checkpoint_every
                     and step % cfg.checkpoint_every == 0
@@ -166,6 +167,39 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
             stop.signum, step, first, saved == step, run.checkpoint, run.run_dir, info.is_main
         )
     return step, clock, totals, startup_s
+
+
+def _periodic_evaluation(run: TrainingRun, step: int) -> None:
+    """The validation split's evaluation at ``step`` of ``eval_every``, recorded and said; the
+    embeddings' counters then start again (its lookups are not training's)."""
+    result = run.evaluate(step)
+    run.embeddings.reset_stats()
+    if run.info.is_main:
+        say(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
+
+
+def evaluation_owed(run: TrainingRun, step: int) -> bool:
+    """Whether a run resumed in its own run directory at ``step`` must first evaluate it: an
+    ``eval_every`` step whose evaluation its log does not hold.  A stop signal during that
+    evaluation cut it short, and the checkpoint of the step was saved without it; done now, the
+    log holds every evaluation an uninterrupted run's does.  Rank 0 reads the log and decides
+    for every rank (an evaluation is collective)."""
+    cfg = run.cfg
+    resumed_here = run.resume is not None and run.resume.log_records(run.run_dir) is not None
+    if not (resumed_here and cfg.eval_every and step % cfg.eval_every == 0):
+        return False
+    if not 0 < step < run.total_steps:  # the last step's evaluation is the final one
+        return False
+    owed = [
+        run.info.is_main
+        and not any(
+            r is not None and r.get("kind") == EVAL and r.get("step") == step
+            for r in logged_records(run.run_dir)
+        )
+    ]
+    if run.info.distributed:
+        torch.distributed.broadcast_object_list(owed, src=0)
+    return bool(owed[0])
 
 
 def summarize(

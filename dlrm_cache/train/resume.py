@@ -12,16 +12,19 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ..choices import Interaction, Pooling
 from ..config import config_dict, flatten
 from ..data.format import Manifest
 from ..layout import CKPT_META
 from .checkpoint import find_checkpoint
+from .optim import MOMENTUM_OPTIMIZERS
 from .saved import Checkpoint
 
-# What a resumed run must share with its checkpoint: the model's shapes, the optimizers whose state
-# it holds (and the dense optimizer's settings, which loading its state restores), and what fixes
-# the data position (global batch k of epoch e).  Everything else (learning rates, schedules,
-# embedding placement, number of ranks, evaluation, logging) may change on resume.
+# What a resumed run must share with its checkpoint: the model (its shapes, and what it computes
+# from them: the interaction, the pooling of a feature's ids), the optimizers whose state it holds
+# (and the dense optimizer's settings, which loading its state restores; momentum where it takes
+# one), and what fixes the data position (global batch k of epoch e).  Everything else (learning
+# rates, schedules, embedding placement, number of ranks, evaluation, logging) may change on resume.
 RESUME_KEYS = (
     "model.embedding_dim",
     "model.bottom_mlp",
@@ -29,6 +32,7 @@ RESUME_KEYS = (
     "model.interaction",
     "model.dcn_num_layers",
     "model.dcn_low_rank_dim",
+    "model.pooling",
     "optim.sparse.name",
     "optim.dense.name",
     "optim.dense.weight_decay",
@@ -38,8 +42,16 @@ RESUME_KEYS = (
     "seed",
 )
 
-# keys a checkpoint written before they existed lacks (compared where it records them)
-LATER_KEYS = ("model.interaction", "model.dcn_num_layers", "model.dcn_low_rank_dim")
+# the cross network's shape: compared only between two DCN models
+CROSS_KEYS = ("model.dcn_num_layers", "model.dcn_low_rank_dim")
+# keys a checkpoint written before they existed lacks: the value such a checkpoint was trained
+# with (None: compared only where it records them)
+LATER_KEYS = {
+    "model.interaction": Interaction.dot.value,
+    CROSS_KEYS[0]: None,
+    CROSS_KEYS[1]: None,
+    "model.pooling": Pooling.sum.value,
+}
 
 # ...and what must be recorded of its dataset (newer identity keys may be absent from older checkpoints)
 REQUIRED_DATASET_KEYS = ("dataset.table_sizes", "dataset.stats_digest")
@@ -51,11 +63,14 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
     differing key (its state would not fit, or would silently be dropped or misread)."""
     ckpt = Checkpoint(find_checkpoint(str(cfg.resume)))
     ckpt.check_tables()
+    ckpt.check_optimizer()
     now = {**_pick(config_dict(cfg), RESUME_KEYS), **flatten(manifest.identity(), "dataset.")}
     then = {**_pick(ckpt.config, RESUME_KEYS), **flatten(ckpt.meta["dataset"], "dataset.")}
-    then.setdefault("model.interaction", "dot")  # written before the key: a dot model
-    if "dot" in (now.get("model.interaction"), then["model.interaction"]):
-        for k in LATER_KEYS[1:]:  # the cross network's shape: nothing to compare without one
+    for k, before in LATER_KEYS.items():  # written before the key: trained with its value then
+        if before is not None:
+            then.setdefault(k, before)
+    if Interaction.dot.value in (now.get("model.interaction"), then["model.interaction"]):
+        for k in CROSS_KEYS:  # nothing to compare without a cross network
             now.pop(k, None), then.pop(k, None)
     required = [k for k in RESUME_KEYS if k not in LATER_KEYS]
     unknown = [k for k in (*required, *REQUIRED_DATASET_KEYS) if k not in then]
@@ -64,6 +79,8 @@ def open_resume(cfg: DictConfig, manifest: Manifest) -> Checkpoint:
             f"{ckpt.path / CKPT_META}: records no {unknown[0]} (of the run's config or its dataset); "
             "it cannot be checked against this run, resume from another checkpoint"
         )
+    if not {now["optim.dense.name"], then["optim.dense.name"]} & {*MOMENTUM_OPTIMIZERS}:
+        del now["optim.dense.momentum"], then["optim.dense.momentum"]  # neither one takes it
     if "dataset.schema_digest" in then:  # trained under a user schema: this dataset must be too
         now.setdefault("dataset.schema_digest", "")
     diff = [k for k in now if k in then and then[k] != now[k]]

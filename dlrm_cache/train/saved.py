@@ -21,6 +21,7 @@ import torch
 from ..data.files import check_regular, one_line
 from ..layout import CKPT_DENSE, CKPT_META
 from ..parallel.placement import parse_key
+from .optim import dense_optimizer_problem
 from .recorded import RecordedModel
 
 
@@ -176,6 +177,21 @@ class Checkpoint:
                     raise ValueError(
                         f"{self.path / name}: {problem}; resume from another checkpoint"
                     )
+
+    def check_optimizer(self) -> None:
+        """The dense optimizer's state (what only a resume loads) against the recorded model and
+        ``optim.dense`` settings, so a resume refuses a bad one before anything is built."""
+        name = self.config.get("optim", {}).get("dense", {}).get("name")
+        if self.model is None or name is None:
+            return  # recorded nothing to check it against (refused elsewhere when it matters)
+        momentum = self.config["optim"]["dense"].get("momentum", 0.0)
+        state = self.dense.get("optimizer") if isinstance(self.dense, dict) else None
+        problem = dense_optimizer_problem(state, list(self.model.dense.values()), name, momentum)
+        if problem is not None:
+            raise ValueError(
+                f"{self.path / CKPT_DENSE}: its optimizer state is not optim.dense.name={name}'s "
+                f"for this model ({problem}); resume from another checkpoint"
+            )
 
     def log_records(self, run_dir: Path) -> int | None:
         """How many records the run's metrics.jsonl held at this checkpoint, if it was written into

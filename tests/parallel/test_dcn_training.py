@@ -87,9 +87,11 @@ def test_resume_compares_the_cross_network_only_between_dcn_models(
     again = dot + [f"resume={ckpt}", "max_steps=14", "model.dcn_num_layers=3"]
     assert run_single(_overrides(processed_synth, tmp_path / "again", again))[0]["steps"] == 14
     meta = json.loads((ckpt / "meta.json").read_text())
-    for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim"):
+    for k in ("interaction", "dcn_num_layers", "dcn_low_rank_dim", "pooling"):
         del meta["config"]["model"][k]  # as written before the keys
     (ckpt / "meta.json").write_text(json.dumps(meta))
-    as_dcn = DCN + [f"resume={ckpt}", "max_steps=14"]
+    as_dcn = DCN + [f"resume={ckpt}", "max_steps=14", "model.pooling=mean"]
     result = _in_process(_overrides(processed_synth, tmp_path / "dcn", as_dcn))[0]
-    assert "model.interaction='dot' (now 'dcn')" in str(result), result
+    # and a model of before model.pooling summed its ids
+    for named in ("model.interaction='dot' (now 'dcn')", "model.pooling='sum' (now 'mean')"):
+        assert named in str(result), result

@@ -13,10 +13,12 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tiny import TINY_MODEL
 
 from dlrm_cache.cli import main
+from dlrm_cache.tensorboard import EVENTS_GLOB, read_scalars, record_scalars, record_step
 
 SMALL = [
     "device=cpu",
@@ -69,7 +71,16 @@ def branched(processed_synth: Path, tmp_path_factory) -> Path:
         ["max_steps=20", "checkpoint_every=10", f"resume={run}/checkpoints/step_00000010"],
     ):
         try:
-            main(["train", f"data.path={processed_synth}", f"hydra.run.dir={run}", *SMALL, *extra])
+            main(
+                [
+                    "train",
+                    f"data.path={processed_synth}",
+                    f"hydra.run.dir={run}",
+                    *SMALL,
+                    *extra,
+                    "logger.tensorboard=true",
+                ]
+            )
         except SystemExit as e:
             assert not e.code, e.code
     return run
@@ -86,6 +97,25 @@ def test_a_branch_sets_aside_what_came_after_its_checkpoint(branched: Path):
     # the abandoned branch is a run directory of its own: its log as it was, its summary
     assert json.loads((aside / "summary.json").read_text())["steps"] == 30
     assert [r["step"] for r in records(aside, "checkpoint")] == [10, 20, 30]
+    # TensorBoard shows each run as its log records it: the branch's steps 11-20 once, the
+    # abandoned ones beside the abandoned log
+    for d in (run, aside):
+        assert scalars(d) == logged_scalars(d)
+    assert [step for step, tag, _ in scalars(run) if tag == "main/loss"] == [5, 10, 15, 20]
+
+
+def scalars(run: Path) -> list[tuple[int, str, float]]:
+    """Every scalar of the run directory's TensorBoard event files, as (step, tag, value)."""
+    found = [s for f in run.glob(EVENTS_GLOB) for s in read_scalars(f)]
+    return sorted((s.step, s.tag, s.value) for s in found)
+
+
+def logged_scalars(run: Path) -> list[tuple[int, str, float]]:
+    """What the event files must hold: the scalars of every record of the run's log."""
+    logged = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return sorted(
+        (record_step(r), tag, float(np.float32(v))) for r in logged for tag, v in record_scalars(r)
+    )
 
 
 def test_every_command_takes_the_checkpoint_the_records_name(
@@ -116,3 +146,28 @@ def test_every_command_takes_the_checkpoint_the_records_name(
     assert [r["step"] for r in records(run, "start")] == [0, 10, 20]
     assert steps(run / "checkpoints") == ["step_00000010", "step_00000020", "step_00000025"]
     assert steps(run / "abandoned" / "after_step_00000020" / "checkpoints") == ["step_00000030"]
+
+
+def test_overwrite_refuses_to_delete_the_abandoned_checkpoint_it_resumes(
+    capsys, branched: Path, processed_synth: Path, tmp_path: Path
+):
+    """``overwrite=true`` removes the run's files, ``abandoned/`` included: a resume from a
+    checkpoint in there is refused before anything is removed (it deleted the whole run, the
+    checkpoint too, then failed reading it)."""
+    run = tmp_path / "run"
+    shutil.copytree(branched, run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    ckpt = run / "abandoned" / "after_step_00000010" / "checkpoints" / "step_00000030"
+    code, _, err = cli(
+        capsys,
+        "train",
+        f"data.path={processed_synth}",
+        f"hydra.run.dir={run}",
+        *SMALL,
+        "overwrite=true",
+        f"resume={ckpt}",
+    )
+    assert code == 1, err
+    line = err.strip()
+    assert "\n" not in line and "overwrite=true would delete" in line and str(ckpt) in line, err
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before

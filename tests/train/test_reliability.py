@@ -301,7 +301,35 @@ def _missing_tables(ckpt: Path, marker: Path) -> str:
     return "tables-rank0.pt: missing"
 
 
+def _optimizer_state(change):
+    """A dense.pt whose optimizer state ``change`` (state dict -> state dict) made another one's."""
+
+    def damage(ckpt: Path, marker: Path) -> str:
+        dense = torch.load(ckpt / "dense.pt", weights_only=True)
+        dense["optimizer"] = change(dense["optimizer"])
+        torch.save(dense, ckpt / "dense.pt")
+        _set_size(ckpt, "dense.pt")
+        return "dense.pt: its optimizer state is not optim.dense.name=adagrad's"
+
+    return damage
+
+
+def _as_adam(o: dict) -> dict:
+    return {
+        **o,
+        "state": {i: {"step": s["step"], "exp_avg": s["sum"]} for i, s in o["state"].items()},
+    }
+
+
+def _cut_sums(o: dict) -> dict:
+    return {**o, "state": {i: {**s, "sum": s["sum"][:1]} for i, s in o["state"].items()}}
+
+
 DAMAGE = {
+    "no optimizer state": _optimizer_state(lambda o: {}),
+    "no parameter group": _optimizer_state(lambda o: {"state": {}, "param_groups": []}),
+    "another optimizer's state": _optimizer_state(_as_adam),
+    "optimizer state of another shape": _optimizer_state(_cut_sums),
     "crafted torch.save dense.pt": _crafted_torch_dense,
     "crafted plain pickle dense.pt": _crafted_pickle_dense,
     "crafted tables file": _crafted_tables,
@@ -418,6 +446,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path
             ["model.top_mlp=[16] (now [32])", "optim.dense.name='adagrad' (now 'adam')"],
         ),
         (["data.batch_size=64"], ["data.batch_size=128 (now 64)"]),
+        (["model.pooling=mean"], ["model.pooling='sum' (now 'mean')"]),
     ],
 )
 def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(
@@ -437,6 +466,50 @@ def test_resume_with_another_model_or_optimizer_is_refused_naming_the_keys(
     assert list((tmp_path / "new").glob("*")) == []
 
 
+def test_resume_past_the_end_of_the_run_is_refused_naming_the_key(straight, tmp_path: Path):
+    """A checkpoint of step 12 resumed by a run of 6 steps: refused before anything is written
+    (it did no step, saved step 12 again and reported a run of 12 steps, exit 0)."""
+    from dlrm_cache.train.loop import train
+
+    cfg, base, _ = straight
+    other = _compose(Path(cfg.data.path), ["max_steps=6"])
+    with pytest.raises(ValueError) as e:
+        train(at(other, tmp_path / "new", base))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("max_steps=6: "), msg
+    assert "step 12" in msg and str(base / "checkpoints" / "step_00000012") in msg, msg
+    assert list((tmp_path / "new").glob("*")) == []
+
+
+def test_resume_keeps_the_dense_optimizer_implementation_of_the_resuming_device(
+    straight, tmp_path: Path
+):
+    """A checkpoint's optimizer state records how its writer ran (a GPU's Adagrad: ``foreach``);
+    the resumed run keeps its own device's (fused on the CPU), as it would have built it: the
+    writer's flags named a kernel the resuming device may not have."""
+    from dlrm_cache.parallel.dist import DistInfo
+    from dlrm_cache.train.build import build_run, restore
+    from dlrm_cache.train.claim import release
+
+    cfg, base, _ = straight
+    ckpt = tmp_path / "gpu" / "checkpoints" / "step_00000012"
+    shutil.copytree(base / "checkpoints" / "step_00000012", ckpt)
+    dense = torch.load(ckpt / "dense.pt", weights_only=True)
+    for group in dense["optimizer"]["param_groups"]:
+        assert group["fused"] is True  # this machine's Adagrad
+        group.update(fused=None, foreach=True)  # as torch 2.11 on a GPU writes it
+    torch.save(dense, ckpt / "dense.pt")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"]["dense.pt"] = (ckpt / "dense.pt").stat().st_size
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    run = build_run(at(cfg, tmp_path / "new", ckpt), torch.device("cpu"), DistInfo())
+    try:
+        assert restore(run) == 12
+        assert [(g["fused"], g["foreach"]) for g in run.opt.param_groups] == [(True, None)]
+    finally:
+        release()
+
+
 def test_resume_on_another_dataset_is_refused(straight, tmp_path: Path, dataset_writer):
     from dlrm_cache.train.loop import train
 
@@ -453,7 +526,9 @@ def test_resume_may_change_learning_rates_and_run_longer(straight, tmp_path: Pat
 
     cfg, base, _ = straight
     other = _compose(
-        Path(cfg.data.path), ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01"]
+        Path(cfg.data.path),
+        # momentum: SGD's only; this run's Adagrad has none to change
+        ["max_steps=14", "optim.sparse.lr=0.2", "optim.dense.lr=0.01", "optim.dense.momentum=0.9"],
     )
     assert train(at(other, tmp_path / "new", base))["steps"] == 14
     assert [

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_integrity import Cli, one_line, train_args
+from test_integrity import Cli, _records, one_line, train_args
 
 SLOW_EVAL = ("data.eval_batch_size=1", "max_steps=2")  # 6000 one-row evaluation batches: ~4 s
 
@@ -44,6 +44,30 @@ def test_sigterm_during_the_final_evaluation_stops_it(tmp_path: Path, dataset_wr
     code, err = Cli(train_args(ds, d, *SLOW_EVAL, f"resume={d}"), tmp_path).wait()
     assert code == 0, err
     assert json.loads((d / "summary.json").read_text())["val_samples"] == 6000
+
+
+def test_a_periodic_evaluation_a_signal_cut_short_is_done_on_resume(tmp_path: Path, dataset_writer):
+    """SIGTERM during the evaluation at step 2 saves step 2 without it; the resume evaluates
+    step 2 before it trains on, so the log holds every evaluation an uninterrupted run's does
+    (before: step 2's was lost)."""
+    ds = tmp_path / "ds"
+    dataset_writer(ds, {"train": 1000, "val": 3000}, [50, 200, 1000, 30, 500], shard_rows=3000)
+    d = tmp_path / "run"
+    args = ("data.eval_batch_size=1", "eval_every=2", "max_steps=4")  # 3000 one-row batches
+    job = Cli(train_args(ds, d, *args), tmp_path)
+    log = d / "metrics.jsonl"
+    while not (log.is_file() and '"kind": "train"' in log.read_text()):  # step 2: then evaluated
+        assert job.p.is_alive(), "the job ended before it was signalled"
+        time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(job.p.pid, signal.SIGTERM)
+    code, err = job.wait(timeout=60)
+    assert code == 143 and "checkpoint of step 2" in err, err
+    assert _records(d, "eval") == []
+    code, err = Cli(train_args(ds, d, *args, f"resume={d}"), tmp_path).wait()
+    assert code == 0, err
+    assert [(r["step"], r["samples"]) for r in _records(d, "eval")] == [(2, 3000), (4, 3000)]
+    assert [r["step"] for r in _records(d, "checkpoint")] == [2, 4]
 
 
 def _fifo(path: Path) -> None:
