@@ -163,6 +163,17 @@ class _Columns:
         return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], ids, self.shard)
 
 
+def check_batch_split(
+    batch_size: int, world_size: int, key: str = "data.batch_size", exact: bool = True
+) -> None:
+    """Training batches split ``exact``ly over the ranks (every rank the same size, so the global
+    batch is the same for any rank count); evaluation batches may split unevenly."""
+    if batch_size <= 0 or (exact and batch_size % world_size):
+        raise ValueError(
+            f"{key}={batch_size}: must be a positive multiple of the number of ranks ({world_size})"
+        )
+
+
 class ShardStream:
     """Deterministic, restartable batch stream over one split of a processed dataset."""
 
@@ -188,12 +199,7 @@ class ShardStream:
             raise ValueError(
                 f"{root}: the dataset has no '{split}' split (has {sorted(manifest.splits)})"
             )
-        # Training batches split exactly (every rank the same size, so the global batch is the
-        # same for any rank count); evaluation batches may split unevenly.
-        if batch_size <= 0 or (drop_last and batch_size % world_size):
-            raise ValueError(
-                f"{key}={batch_size}: must be a positive multiple of the number of ranks ({world_size})"
-            )
+        check_batch_split(batch_size, world_size, key, exact=drop_last)
         self.root = Path(root)
         self.info = manifest.splits[split]
         self.table_sizes = manifest.table_sizes

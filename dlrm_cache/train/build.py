@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..console import Progress
 from ..data.files import one_line
 from ..data.format import Manifest
-from ..data.loader import ShardStream
+from ..data.loader import ShardStream, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM, dense_shapes
@@ -354,6 +354,8 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     manifest = load_dataset(cfg, info)
     check_dense_memory(cfg, manifest, device, info)
     total_steps = planned_steps(cfg, manifest)
+    # before the run dir is claimed: a resume into it sets aside what came after its checkpoint
+    check_batch_split(cfg.data.batch_size, info.world_size)
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     if ckpt is not None:
         check_resume_within(cfg, manifest, ckpt, total_steps)

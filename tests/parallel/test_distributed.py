@@ -196,3 +196,23 @@ def test_sharded_freq_cache_matches_single_process_host(processed_synth: Path, t
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
     assert out[0]["embedding_rows_loaded"] > 0 and 0 < out[0]["embedding_hit_rate"] < 1
+
+
+def test_a_batch_the_ranks_cannot_split_is_refused_before_a_resume_sets_anything_aside(
+    small_dataset: Path, tmp_path: Path
+):
+    """A one-process run of batch 129 resumed into its own run dir on 2 ranks: refused naming the
+    key before the run dir is claimed, so the checkpoints after the resumed one stay where they
+    were (before: the branch was set aside into abandoned/, then the batch was refused)."""
+    run = tmp_path / "r"
+    odd = ["data.batch_size=129", "max_steps=4", "checkpoint_every=2"]
+    run_single(_overrides(small_dataset, run, odd))
+    later = run / "checkpoints" / "step_00000004"
+    assert later.is_dir()
+    resume = [f"resume={run / 'checkpoints' / 'step_00000002'}"]
+    out = launch(2, _overrides(small_dataset, run, odd + resume), expect_ok=False)
+    for rank in (0, 1):
+        assert "data.batch_size=129: must be a positive multiple of the number of ranks (2)" in str(
+            out[rank]
+        ), out[rank]
+    assert later.is_dir() and not (run / "abandoned").exists()
