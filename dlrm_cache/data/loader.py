@@ -163,6 +163,12 @@ class _Columns:
         return _Columns(self.labels[lo:hi], self.dense[:, lo:hi], ids, self.shard)
 
 
+def batches_per_epoch(rows: int, batch_size: int, drop_last: bool) -> int:
+    """Global batches of ``batch_size`` over ``rows``: the last partial one dropped or kept."""
+    full, rest = divmod(rows, batch_size)
+    return full + (1 if rest and not drop_last else 0)
+
+
 def check_batch_split(
     batch_size: int, world_size: int, key: str = "data.batch_size", exact: bool = True
 ) -> None:
@@ -229,8 +235,7 @@ class ShardStream:
 
     def __len__(self) -> int:
         """Global batches per epoch."""
-        full, rest = divmod(self.info.rows, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        return batches_per_epoch(self.info.rows, self.batch_size, self.drop_last)
 
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.info.shards)

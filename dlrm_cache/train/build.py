@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..console import Progress
 from ..data.files import one_line
 from ..data.format import Manifest
-from ..data.loader import ShardStream, check_batch_split
+from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM, dense_shapes
@@ -310,9 +310,9 @@ def load_dataset(cfg: DictConfig, info: DistInfo) -> Manifest:
 
 
 def steps_per_epoch(cfg: DictConfig, manifest: Manifest) -> int:
-    """Training steps of one epoch: the full global batches of the train split (the stream drops
+    """Training steps of one epoch: the train stream's batches, known before it is made (it drops
     the last partial one, see :func:`make_stream`)."""
-    steps = manifest.splits["train"].rows // cfg.data.batch_size
+    steps = batches_per_epoch(manifest.splits["train"].rows, cfg.data.batch_size, drop_last=True)
     if steps == 0:
         raise ValueError(
             f"data.batch_size={cfg.data.batch_size}: larger than the training split "
