@@ -47,14 +47,13 @@ def set_aside_branch(run_dir: Path, resume_from: Path) -> Path | None:
         return None
     dest = _new_branch_dir(run_dir, step)
     (dest / CKPT_DIR).mkdir(parents=True)
-    if (run_dir / METRICS).is_file():
-        with atomic_file(dest / METRICS, "wb") as f, open(run_dir / METRICS, "rb") as src:
-            shutil.copyfileobj(src, f)
+    # the log and its TensorBoard scalars, whole (the resume then cuts back the run's own)
+    for src_path in [run_dir / METRICS, *run_dir.glob(EVENTS_GLOB)]:
+        if src_path.is_file():
+            with atomic_file(dest / src_path.name, "wb") as f, open(src_path, "rb") as src:
+                shutil.copyfileobj(src, f)
     if (run_dir / SNAPSHOT).is_dir():  # Hydra's record of the run (report reads its cwd)
         shutil.copytree(run_dir / SNAPSHOT, dest / SNAPSHOT)
-    for events in run_dir.glob(EVENTS_GLOB):  # its TensorBoard scalars, as its log: whole
-        with atomic_file(dest / events.name, "wb") as f, open(events, "rb") as src:
-            shutil.copyfileobj(src, f)
     steps = ", ".join(str(n) for n in sorted({n for n, _ in later}))
     moved = [f"the checkpoints of steps {steps}"] if later else []
     if summary.exists():
