@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm_cache.data.config import SynthConfig
+from dlrm_cache.data.stats import COUNTS
 from dlrm_cache.data.synth import ORACLE
 from dlrm_cache.data.synthmodel import build_model, pair_effect, table_sizes
 from dlrm_cache.trained import open_trained
@@ -32,7 +33,7 @@ from dlrm_cache.trained import open_trained
 
 def model_index(processed: Path, feature: str, hex_ids: list[str]) -> np.ndarray:
     """Per kept row of ``feature`` (rank order), the planted model's index (the empty value: n)."""
-    counts = pq.read_table(processed / "stats" / "counts.parquet").to_pandas()
+    counts = pq.read_table(processed / COUNTS).to_pandas()
     rank_of = {int(h, 16): r for r, h in enumerate(hex_ids)}
     ids = counts[counts.feature == feature].id.to_numpy()
     return np.array([len(hex_ids) if i == -1 else rank_of[int(i)] for i in ids])

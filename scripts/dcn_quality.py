@@ -144,7 +144,7 @@ def tune(a: argparse.Namespace, cross: str, data: Path, name: str) -> list[dict]
     """One run of model ``name`` per grid point on the tuning set; val AUC None: diverged."""
     tried = []
     for settings in grid(a):
-        run = a.work / set_name(cross, a.tune_seed) / f"{name}-{label(settings)}"
+        run = data.parent / f"{name}-{label(settings)}"
         try:
             r = train(a, data, run, TUNE_TRAIN_SEED, *MODELS[name], *overrides(settings))
             auc: float | None = r["val_auc"]

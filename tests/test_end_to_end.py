@@ -93,9 +93,9 @@ def test_freq_cache_trains_the_same_model_as_host(dataset: Path, tmp_path: Path,
 
 def test_freq_cache_overflow_and_deferral_train_host_bit_for_bit(dataset: Path, tmp_path: Path):
     """Without window sizing a small cache sends batches down the deferral and overflow paths.
-    With a sparse optimizer whose CPU kernel does the same arithmetic on a slot table as on the
-    host's tables (plain Adagrad; rowwise Adagrad's mean of g^2 is reduced in another order, 1 ulp),
-    freq_cache must give exactly host's parameters and metrics: a tolerance would hide a stale row."""
+    With plain Adagrad as the sparse optimizer, freq_cache gives exactly host's parameters and
+    metrics (rowwise Adagrad's differ in the last bit from the first step, on the CPU), so exact
+    equality is asserted: a tolerance would hide a stale row."""
     steps = ["max_steps=24", "eval_every=10", "eval_batches=2", "optim.sparse.name=adagrad"]
     host = train(compose_train(common(dataset, tmp_path / "host") + steps))
     cache = [
