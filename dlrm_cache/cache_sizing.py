@@ -12,7 +12,7 @@ from .data.files import atomic_write_text
 from .data.format import Manifest
 from .data.stats import counted_samples, load_counts
 from .embedding.base import SparseOptim
-from .embedding.freq_cache.layout import plan_table
+from .embedding.freq_cache.layout import pinned_batches, plan_table
 from .train.metrics import format_table
 
 
@@ -68,7 +68,7 @@ def plan(cfg: DictConfig) -> list[dict]:
     print(
         f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows, "
         f"{mib(total_rows):,.1f} MiB of rows+state at dim {dim}); "
-        f"window: {emb.lookahead + 1} batches of {emb.batch_size}"
+        f"window: {pinned_batches(emb.lookahead)} batches of {emb.batch_size}"
     )
     print(
         f"{'ratio':>8} {'cache rows':>12} {'cache MiB':>10} {'static rows':>12} {'static MiB':>10} "

@@ -48,9 +48,6 @@ class DataConfig:
     prefetch_batches: int = checked(
         4, ge=1
     )  # batches decoded ahead by the background reader thread
-    # loader threads running the embedding's analysis of each batch (the freq_cache on a GPU:
-    # global rows and static slots, the cache-independent part of its host planning)
-    analysis_threads: int = checked(2, ge=1)
     shuffle: bool = True  # shuffle rows within each shard (and shard order) every epoch
 
 
@@ -130,12 +127,13 @@ class FreqCacheEmbeddingConfig(EmbeddingConfig):
     cache_ratio: float = checked(0.015, gt=0, le=1)  # fraction of all rows held in the device cache
     policy: CachePolicy = CachePolicy.freq  # eviction: dataset counts, observed counts or last use
     refresh_counts: bool = False  # freq policy: add observed counts to the dataset counts
-    lookahead: int = checked(2, ge=0)  # batches whose rows are fetched ahead (0 = synchronous)
+    # batches whose rows are fetched ahead (0 = synchronous); from 2 on, rounds of two batches
+    lookahead: int = checked(3, ge=0)
     static_fraction: float = checked(
         0.5, ge=0, le=1
     )  # share of the cache pinned to the hottest rows (never evicted)
-    # host threads splitting the planner's row gathers and scatters (0: 1 on a CPU device, whose
-    # step uses every core; up to 4 on a GPU)
+    # host threads splitting the row gathers into staging and the write-backs' scatters (0: 1 on
+    # a CPU device, whose step uses every core; up to 4 on a GPU)
     planner_threads: int = checked(0, ge=0)
     # samples per step whose ids the look-ahead window must hold (the trainer's global data.batch_size;
     # 0: no sizing, the window gets what cache_ratio leaves)

@@ -65,6 +65,13 @@ WARNING_NOISE = (
         "fbgemm-gpu 1.6.0's backward kernels (gen_embedding_backward_*_cuda.cu) TORCH_WARN whether a "
         "B200-only tuning applies, at the first backward on any GPU; informational",
     ),
+    WarningNoise(
+        UserWarning,
+        r"torch\.searchsorted\(\): boundary tensor is non-contiguous",
+        "torch's notice, once per process, when the freq_cache plans a multi-hot batch: the tables' "
+        "starts it searches are a strided view of the batch's offsets (one per table), which "
+        "searchsorted copies itself; nothing for a user to change",
+    ),
 )
 
 # fbgemm wraps its message in newlines, indentation and ANSI colour codes

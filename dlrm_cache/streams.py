@@ -16,9 +16,11 @@ streams.  Stream roles (see README, "Stream protocol"):
 
 * ``compute``: the training thread's current stream (forward, backward, optimizer);
 * ``input``: host-to-device copies of batches (waits for nothing);
-* ``copy``: the cache's row transfers and its one scatter and gather per batch (waits for events
-  recorded on ``compute`` after the backward that last used the slots it overwrites).  The cache
-  plans on the host, so it has no stream of its own for bookkeeping.
+* ``plan``: the cache's placement decisions (its lookups, victims, the lookup indices), which
+  wait only for the batches' input copies, so the planner's reads of its own results never wait
+  for the step;
+* ``copy``: the cache's row transfers and its one scatter and gather per round (waits for events
+  recorded on ``compute`` after the backward that last used the slots it overwrites).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Streams:
         self.device = device
         self.compute = self.current_stream()
         self.input = self.new_stream("input")
+        self.plan = self.new_stream("plan")
         self.copy = self.new_stream("copy")
 
     # -- streams ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 class Prefetcher:
     """Runs an iterator in a background thread, ``depth`` items ahead (decode overlaps training).
 
-    ``transform`` (the embedding cache's per-batch analysis) runs on ``workers`` threads, items
+    ``transform`` (work on each item, e.g. encoding a block of text) runs on ``workers`` threads, items
     still coming out in order: numpy and torch release the GIL, so at large batches this keeps the
     loader ahead of a fast device.
     """

@@ -82,3 +82,19 @@ def test_b200_user_warning_is_dropped_by_message_and_category():
         (UserWarning, "TBE something else"),
         (RuntimeWarning, b200[:20]),
     ]
+
+
+def test_searchsorted_strided_boundary_notice_is_dropped_by_message_and_category():
+    """The freq_cache's plan of a multi-hot batch searches the tables' starts, a strided view of
+    the batch's offsets: torch says once that it copies them.  Dropped; other notices are not."""
+    notice = (
+        "torch.searchsorted(): boundary tensor is non-contiguous, this will lower the performance "
+        "due to extra data copy when converting non-contiguous tensor to contiguous, please use "
+        "contiguous boundary tensor if possible. This message will only appear once per program."
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_known_noise()
+        warnings.warn(notice, UserWarning)
+        warnings.warn("torch.searchsorted(): something else", UserWarning)
+    assert [str(w.message) for w in caught] == ["torch.searchsorted(): something else"]

@@ -12,7 +12,9 @@ from launching import run_cli
 from omegaconf import OmegaConf
 from tiny import TINY_MODEL
 
+from dlrm_cache.config import FreqCacheEmbeddingConfig
 from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.embedding.freq_cache.layout import pinned_batches
 
 # the measured run starts from a cold cache (its hottest dynamic rows are loaded once) and draws
 # 80 batches: it measures a little below the steady state plan predicts (0.952 against 0.957)
@@ -63,7 +65,7 @@ def test_plan_predicts_the_measured_hit_rate_per_table(processed_synth: Path, tm
         "plan", *common, f"ratios=[{ratio}]", f"output={out}", "figure=null", cwd=tmp_path
     )
     assert res.returncode == 0, res.stderr
-    assert f"window: 3 batches of {batch}" in res.stdout
+    assert f"window: {pinned_batches(FreqCacheEmbeddingConfig.lookahead)} batches of {batch}" in res.stdout
     (predicted,) = json.loads(out.read_text())
     # the cache plan describes is the one the run built
     assert predicted["cache_rows"] == measured["embedding_cache_rows"]

@@ -71,7 +71,7 @@ def make_batches(
 
 
 def copy_batch(b: Batch) -> Batch:
-    """A fresh Batch object per step (the loader attaches each step's analysis to its batch)."""
+    """A fresh Batch object per step (as the loader hands over)."""
     return Batch(b.dense, b.sparse, b.labels)
 
 

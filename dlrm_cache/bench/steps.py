@@ -3,8 +3,8 @@
 (precision x compile) setting, then split into phases: bench/breakdown.py).
 
 Every variant runs in the same process on the same batches, through training's Pipeline (a
-loader thread runs the cache's analysis; the device copy and the look-ahead prefetch happen in
-this thread).
+loader thread hands batches over; the device copy and the look-ahead prefetch happen in this
+thread).
 Timings are wall-clock around a device synchronize, after ``warmup`` untimed iterations.
 """
 
@@ -152,8 +152,8 @@ def run_one(cfg: DictConfig, v: Variant, tables, batches, device, counts) -> dic
     split_iters = cfg.warmup + cfg.iters if cfg.kind == "train" else 0
     timed_end = cfg.warmup + cfg.iters
     total = timed_end + split_iters
-    # As in training (the same Pipeline): a loader thread runs the cache's analysis, the device copy
-    # and the look-ahead prefetch happen in this thread.  The stream runs ``lookahead`` batches past
+    # As in training (the same Pipeline): a loader thread hands batches over, the device copy and
+    # the look-ahead prefetch happen in this thread.  The stream runs ``lookahead`` batches past
     # the last step, so that every step also pays for one prefetch (their rows are loaded, never
     # trained on).
     stream = (copy_batch(hosts[i % len(hosts)]) for i in range(total + emb.lookahead))

@@ -67,7 +67,6 @@ class Batch:
     # the whole global batch (OwnedShards)
     sparse: KeyedJaggedTensor
     labels: torch.Tensor  # [b] float32
-    analysis: object | None = None  # EmbeddingBackend.analyze(sparse), done in a loader thread
     layout: SparseLayout | None = None  # how ``sparse`` travels; None: all of its tensors
     # the shards (paths in the dataset) the rows of its global batch came from: what an error
     # about this batch names (the same on every rank, whatever the placement)
@@ -79,7 +78,7 @@ class Batch:
 
     def to(self, device: torch.device, copy: bool = False) -> Batch:
         """This batch on ``device``: asynchronous copies (from pinned memory), nothing read back;
-        the analysis and the source stay attached.  ``copy``: new tensors even where the batch
+        the source stays attached.  ``copy``: new tensors even where the batch
         already is on ``device`` (the tests' stream recorder sees the copy)."""
         if self.layout is not None:
             sparse = self.layout.sparse_to(self.sparse, device, copy)
@@ -89,7 +88,6 @@ class Batch:
             self.dense.to(device, non_blocking=True, copy=copy),
             sparse,
             self.labels.to(device, non_blocking=True, copy=copy),
-            self.analysis,
             self.layout,
             self.source,
         )

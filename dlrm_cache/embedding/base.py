@@ -132,16 +132,10 @@ class EmbeddingBackend(nn.Module):
         mean = mean_of_sums(out.values(), bag_sizes(features), self.tables[0].dim)
         return KeyedTensor(keys=out.keys(), length_per_key=out.length_per_key(), values=mean)
 
-    def analyze(self, features: KeyedJaggedTensor) -> object | None:
-        """Work on a future batch that does not depend on what is cached (the freq_cache: dedup).
-
-        Thread-safe and free of side effects: the loader calls it in its background thread and hands
-        the result to :meth:`prefetch`, so the training thread only does what needs the cache state.
-        """
-        return None
-
-    def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
-        """A future batch: make its rows resident before it is needed (no-op where n/a)."""
+    def prefetch(self, features: KeyedJaggedTensor, copied: Any = None) -> None:
+        """A future batch: make its rows resident before it is needed (no-op where n/a).
+        ``copied``: the event (``Streams.record_event``) after which ``features``' device copy
+        is complete; None where it was made on the calling thread's current stream."""
 
     def step_done(self) -> None:
         """The last forwarded batch's backward has been issued (its cached rows may be released)."""

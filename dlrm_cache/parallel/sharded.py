@@ -18,6 +18,7 @@ global batch, its output the pooled embeddings of the rank's rows for every tabl
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ from .placement import Shard
 class ShardedEmbeddings(EmbeddingBackend):
     """Table-wise and row-wise sharding of an embedding backend over the default process group.
 
-    ``forward``/``prefetch``/``analyze`` take the KJT of this rank's shards (:attr:`mine`, keys in
+    ``forward``/``prefetch`` take the KJT of this rank's shards (:attr:`mine`, keys in
     that order) over the whole global batch, as a loader built with those shards makes it.
     """
 
@@ -73,13 +74,10 @@ class ShardedEmbeddings(EmbeddingBackend):
             )
 
     # -- the interface -------------------------------------------------------------------------
-    def analyze(self, features: KeyedJaggedTensor) -> object | None:
-        return self.local.analyze(features) if self.local is not None else None
-
-    def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, copied: Any = None) -> None:
         self._check(features)
         if self.local is not None:
-            self.local.prefetch(features, analysis)
+            self.local.prefetch(features, copied)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         return self.pool(features, Pooling.sum)

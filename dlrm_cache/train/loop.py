@@ -95,7 +95,6 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
             run.device,
             embeddings,
             cfg.data.prefetch_batches,
-            cfg.data.analysis_threads,
         ) as pipeline:
             for batch in pipeline:
                 if math.isnan(startup_s):

@@ -3,8 +3,7 @@
 Threads, from the disk to the step:
 
 * the stream's shard readers (``ShardStream.batches``): parquet decoding and the per-shard shuffle;
-* one loader thread (:class:`Prefetcher`) slicing batches (into pinned memory for a GPU) and running
-  the backend's ``analyze`` on ``analysis_threads`` workers;
+* one loader thread (:class:`Prefetcher`) slicing batches (into pinned memory for a GPU);
 * the training thread (this iterator): the asynchronous device copy, ``prefetch`` of batch
   ``t + lookahead`` (the backend moves that batch's rows while batch ``t`` trains), then batch ``t``.
 
@@ -55,7 +54,6 @@ class Pipeline:
         device: torch.device,
         backend: EmbeddingBackend | None = None,
         depth: int = 4,
-        analysis_threads: int = 1,
         train: bool = True,
     ) -> None:
         self.lookahead = backend.lookahead if backend is not None else 0
@@ -63,19 +61,12 @@ class Pipeline:
         self.train = train
         self.device = device
         self.streams = streams_for(device)
-        analyze = self._analyze if backend is not None else None
-        self._reader = Prefetcher(batches, depth, transform=analyze, workers=analysis_threads)
-
-    def _analyze(self, batch: Batch) -> Batch:
-        """Loader thread: the backend's cache-independent work on a future batch."""
-        assert self.backend is not None  # set up only with a backend
-        batch.analysis = self.backend.analyze(batch.sparse)
-        return batch
+        self._reader = Prefetcher(batches, depth)
 
     def _to_device(self, batch: Batch) -> tuple[Batch, Any]:
         """``batch`` on the device, copied on the input stream, and the copy's event."""
         st = self.streams
-        if not st.asynchronous:  # the same object: an analysis stays attached to its batch
+        if not st.asynchronous:  # already where the step runs
             return batch, None
         with st.use(st.input):
             batch = batch.to(self.device, copy=True)
@@ -86,7 +77,7 @@ class Pipeline:
         for host in self._reader:
             batch, ready = self._to_device(host)
             if self.backend is not None:  # lookahead 0: prefetched just before its step
-                self.backend.prefetch(batch.sparse, host.analysis)
+                self.backend.prefetch(batch.sparse, ready)
             window.append((batch, ready))
             if len(window) > self.lookahead:
                 yield self._hand_over(*window.popleft())

@@ -15,8 +15,9 @@ calling thread's current fake stream, and models CUDA's ordering rules:
   it reads device memory), ``Tensor.tolist``/``numpy``/``cpu`` of *device memory* (wrapped, on
   every thread, while the recorder is active) and a blocking copy between a staging buffer and
   device memory (these wait for the calling thread's current stream, on which the copy to the
-  host is issued); an event's ``synchronize``/``query`` and ``Streams.host_wait`` (the event's
-  clock).
+  host is issued); ``Tensor.to`` the host of device memory; a copy of device memory into host
+  memory that is not a staging buffer (pageable: under CUDA the host waits for it); an event's
+  ``synchronize``/``query`` and ``Streams.host_wait`` (the event's clock).
 
 Memory is classified per storage:
 
@@ -55,7 +56,8 @@ Five checks, each a list of findings (empty = the contract holds):
     Approximation: lifetimes are those of the op's output tensor object, not of later views.
 ``host_memory``: an op on a stream that touches host-resident memory; an op on a stream that
     touches a staging buffer and is not a copy (``copy_``/``_to_copy``) between it and device
-    memory; an op inside ``on_host`` that touches device memory made after start-up.  (View ops
+    memory; a copy of device memory into host memory that is not a staging buffer; an op inside
+    ``on_host`` that touches device memory made after start-up.  (View ops
     touch no memory.)
 
 Per-stream op counts: :meth:`ops_by_stream`.  Every storage seen made on a stream, every staging
@@ -87,9 +89,22 @@ Clock = dict  # stream index -> ops issued on it
 # memory kinds (see the module docstring)
 DEVICE, STARTUP, HOST, STAGING, RESIDENT = "device", "start-up", "host", "staging", "host-resident"
 # Tensor methods that read device memory on the host without an aten op on the CPU (``item`` and
-# friends are aten ops); the unwrapped ones, for the recorder's own use
-TENSOR_READS = ("tolist", "numpy", "cpu")
+# friends are aten ops; ``to`` only when it goes to the host); the unwrapped ones, for the
+# recorder's own use
+TENSOR_READS = ("tolist", "numpy", "cpu", "to")
 _ORIGINAL = {name: getattr(torch.Tensor, name) for name in TENSOR_READS}
+
+
+def _to_host(args: tuple, kwargs: dict) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` goes to the host (a device ``cpu`` given by name,
+    as a device, or as another tensor's)."""
+    targets = [*args, kwargs.get("device")]
+    for a in targets:
+        if isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu":
+            return True
+        if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a is args[0]:
+            return True
+    return False
 _COPIES = (aten.copy_.default, aten._to_copy.default)
 
 
@@ -376,7 +391,8 @@ class RecordingStreams(Streams):
             original = getattr(torch.Tensor, name)
 
             def read(t, *args, _original=original, _name=name, **kwargs):
-                self._tensor_read(t, _name)
+                if _name != "to" or _to_host(args, kwargs):
+                    self._tensor_read(t, _name)
                 return _original(t, *args, **kwargs)
 
             self._saved[name] = (original, read)
@@ -457,6 +473,12 @@ class RecordingStreams(Streams):
         with self._lock:
             if kind is None and self._blocking_copy(func, args, kwargs):
                 kind = "blocking_copy"
+            if kind is None and self._pageable_copy(func, args):
+                kind = "pageable_copy"
+                self.host_memory.append(
+                    f"{func} on {stream} at {_caller()} copies device memory into host memory "
+                    "that is not a staging buffer (the host waits for it)"
+                )
             clock = dict(self._issue(stream))
             if _touches_memory(func):
                 self._launches[stream.index] += 1
@@ -494,6 +516,15 @@ class RecordingStreams(Streams):
             non_blocking = kwargs.get("non_blocking", False)
             return not non_blocking and self.memory_kind(args[0]) == STAGING
         return False
+
+    def _pageable_copy(self, func, args) -> bool:
+        """A copy of device memory into host memory that is not a staging buffer (made by host
+        work, or never seen made: ``from_numpy``, a loader's tensors): under CUDA the host waits
+        for it, whatever ``non_blocking`` says."""
+        if func is not aten.copy_.default:
+            return False
+        dst, src = self.memory_kind(args[0]), self.memory_kind(args[1])
+        return src in (DEVICE, STARTUP) and dst not in (DEVICE, STARTUP, STAGING)
 
     def _check_host_memory(self, func, tensors: list[torch.Tensor], stream: FakeStream) -> None:
         """An op on ``stream``: no host-resident memory; staging buffers only in copies."""

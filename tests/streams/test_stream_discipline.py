@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from stream_harness import RecordingStreams
@@ -191,6 +192,10 @@ PLANTS = {
     "event.synchronize": lambda out, st: st.record_event(st.current_stream()).synchronize(),
     "event.query": lambda out, st: st.record_event(st.current_stream()).query(),
     "overwait": lambda out, st: st.wait_stream(st.current_stream(), st.copy),
+    "to": lambda out, st: out.values()[:1].to("cpu"),
+    "pageable_copy": lambda out, st: torch.from_numpy(np.zeros(1, np.float32)).copy_(
+        out.values()[0, :1], non_blocking=True
+    ),
 }
 
 

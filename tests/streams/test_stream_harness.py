@@ -3,6 +3,7 @@ test_stream_discipline.py, which asserts that the real loop has none)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from stream_harness import RecordingStreams
@@ -73,6 +74,52 @@ def test_tensor_methods_reading_device_memory_are_host_reads_on_any_thread(metho
     ]
     assert rec.reads[2].thread != rec.reads[0].thread
     assert getattr(torch.Tensor, method) is unwrapped  # unwrapped on leaving
+
+
+def test_to_the_host_of_device_memory_is_a_read_and_other_tos_are_not():
+    """``Tensor.to`` the host (by name, device or keyword) of device memory waits for the calling
+    thread's stream; a dtype change, or host memory going nowhere, reads nothing (on the CPU
+    ``x.to("cpu")`` is no aten op at all: the recorder wraps the method)."""
+    rec, *_ = _recorder()
+    unwrapped = torch.Tensor.to
+    with rec.activate():
+        rec.handed_to_step()
+        x = torch.ones(4) * 2  # device memory, made by the step
+        with rec.on_host():
+            h = torch.ones(4) * 2
+        h.to("cpu")
+        x.to(torch.float64)
+        x.to(dtype=torch.float16)
+        assert not rec.reads
+        x.to("cpu")
+        x.to(torch.device("cpu"))
+        x.to(device="cpu", dtype=torch.float64)
+    assert [(r.kind, r.stream, r.waits_for > 0) for r in rec.reads] == [("to", "compute", True)] * 3
+    assert torch.Tensor.to is unwrapped
+
+
+def test_a_copy_of_device_memory_into_pageable_host_memory_is_a_read_and_a_finding():
+    """Under CUDA a copy into pageable memory makes the host wait, ``non_blocking`` or not: a
+    copy of device memory into host memory that is not a staging buffer (made by host work, or a
+    numpy array's) is a read of the stream it is issued on and a host-memory finding; into a
+    staging buffer it is neither."""
+    rec, _, _, copy = _recorder()
+    with rec.activate():
+        rec.handed_to_step()
+        x = torch.ones(4) * 2
+        staging = rec.pinned((4,), torch.float32)
+        staging.copy_(x, non_blocking=True)
+        assert not rec.reads and not rec.host_memory
+        torch.from_numpy(np.zeros(4, np.float32)).copy_(x, non_blocking=True)
+        with rec.on_host():
+            h = torch.zeros(4) + 0
+        with rec.use(copy):
+            h.copy_(x, non_blocking=True)
+    assert [(r.kind, r.stream) for r in rec.reads] == [
+        ("pageable_copy", "compute"),
+        ("pageable_copy", "copy"),
+    ]
+    assert len(rec.host_memory) == 2 and all("not a staging buffer" in f for f in rec.host_memory)
 
 
 def test_a_tensor_read_is_a_read_access_of_its_stream():

@@ -1,55 +1,53 @@
 """FreqCacheBackend: full tables in host memory, a frequency-aware row cache on the device.
 
 Layout
-    One fbgemm TBE on the device with a single table of ``num_slots`` rows that every feature maps
-    onto (``feature_table_map = [0] * T``): a *global* slot pool.  Its size is the sum over tables of
-    ``max(1, ceil(cache_ratio * rows_t))`` -- the same memory as per-table caches -- plus the slots
-    ``cache_layout`` (layout.py) adds when the look-ahead window needs more; capacity goes where the
-    accesses are.  Lookups and the fused optimizer (backward) run on slot ids, so a row's optimizer
-    state lives next to its weight in the slot and travels with it.
+    One fbgemm TBE on the device with a single table of slots that every feature maps onto
+    (``feature_table_map = [0] * T``): a *global* slot pool, its usable size the sum over tables
+    of ``max(1, ceil(cache_ratio * rows_t))`` -- the same memory as per-table caches -- plus the
+    slots ``cache_layout`` (layout.py) adds when the look-ahead window needs more; capacity goes
+    where the accesses are.  Lookups and the fused optimizer (backward) run on slot ids, so a row's
+    optimizer state lives next to its weight in the slot and travels with it.
 
     Static region: the ``static_fraction`` share of the slots holding the globally hottest rows.
     With dataset counts, that is the top rows by count over all tables; since rows are frequency
-    ranks, each table's share is a prefix ``rank < static_rows[t]``, placed at slot
-    ``static_offsets[t] + rank`` -- no lookup, never evicted.  Without counts (lfu/lru) each table
-    gets ``static_fraction`` of its own share.  ``static_fraction=0`` gives a pure lfu/lru cache.
+    ranks, each table's share is a prefix ``rank < static_rows[t]``, placed at its static slot by
+    a rank compare -- no lookup, never evicted.  Without counts (lfu/lru) each table gets
+    ``static_fraction`` of its own share.  ``static_fraction=0`` gives a pure lfu/lru cache.
+
+    Window (dynamic) region: a set-associative map on the device (sets.py), filled at start-up
+    with the next hottest rows, evicting by the policy (scores.py).
 
 Where the work runs
-    The input pipeline holds each batch in host memory before the device does, so the cache plans
-    on the host (placement.py) against host bookkeeping (slots.py, policy.py), on its planner
-    thread (planner.py; inline on a CPU device), and sends the device per batch one staging copy
-    in, one scatter of the missing rows into their slots, one gather and copy out of the dirty
-    victims, and the batch's lookup indices (transfer.py), on the copy stream.  The training
-    thread only posts tasks and waits, on the GPU, for its batch's "rows ready" event.  The
-    cache-independent part of the planning (global rows, static slots) runs on the loader thread
-    where the device has streams (``analyze``); on a CPU device the planner does it inline.
+    The cache plans on the device: per round of one or two batches a fixed number of torch ops on
+    its *plan* stream decide hits, misses and victims and produce the lookup indices (plan.py);
+    the host reads back how many rows to move and which, gathers them from the host store, and the
+    copy stream loads them and writes the victims back (transfer.py).  The planner thread
+    (planner.py; inline on a CPU device) runs those rounds (window.py) beside the step; the
+    training thread only posts tasks and waits, on the GPU, for its batch's "rows ready" event.
 
 Step protocol (what the trainer does)
-    ``prefetch(kjt)`` for each future batch (FIFO), then ``forward(kjt)`` for the oldest one, then
-    its backward.  A prefetch (on the planner) finds the batch's misses, evicts victims by policy
-    (dirty ones written back after the event recorded on the compute stream when the batches that
-    last used them retired), loads the misses and keeps the batch's slot ids.  Every slot a
-    prefetched batch uses is pinned (once per id) until that batch is *retired*, at the next call
-    of ``prefetch``, ``forward``, ``step_done``, ``flush``, ``export_tables`` or
-    ``import_tables`` -- i.e. its backward must have been issued by then, which is what every
-    training loop does.  ``forward`` waits until its batch is placed (normally long done); a batch
-    without a prior prefetch (an ad-hoc batch) is placed then.
+    ``prefetch(kjt, copied)`` for each future batch (FIFO; ``copied``: the event after which its
+    ids are on the device), then ``forward(kjt)`` for the oldest one, then its backward.  A
+    round's slots are pinned until all of its batches are *retired*, at the next call of
+    ``prefetch``, ``forward``, ``step_done``, ``flush``, ``export_tables`` or ``import_tables``
+    after their forward -- i.e. their backward must have been issued by then, which is what
+    every training loop does.  ``forward`` waits until its batch is placed (normally long done);
+    a batch without a prior prefetch (an ad-hoc batch) is placed then.
 
     ``forward`` consumes a prefetched batch by the FIFO protocol of ``EmbeddingBackend``: under grad
     the oldest, under no_grad the oldest prefetched under no_grad (evaluation batches queue behind
-    the training window).  A deferred batch that is forwarded next takes the window's space back
-    (the later batches are placed again afterwards).
+    the training window).
 
 Overflow
-    A batch whose rows do not fit next to the pinned window is *deferred* (the window shrinks; later
-    prefetches queue up behind it) and prepared when earlier batches retire.  A batch that does not
-    fit even in an empty dynamic region runs through a temporary TBE holding exactly its rows
-    (overflow.py): slower, but correct.  Both are counted in ``stats()``.
+    A round whose misses do not fit beside the live rounds' pins is *deferred* (later prefetches
+    queue up behind it) and placed when earlier batches retire.  A batch that does not fit even
+    with nothing else placed runs through a temporary TBE holding exactly its rows (overflow.py):
+    slower, but correct.  Both are counted in ``stats()``.
 
-Dirty tracking
-    A batch prefetched or forwarded with autograd enabled marks its slots dirty; only dirty rows are
-    written back on eviction and by ``flush()``.  ``torch.no_grad()`` batches (evaluation) mark
-    nothing dirty.
+Write-backs
+    Once a training batch has been placed, every row evicted goes back to the host store (a way
+    loaded by evaluation only is written back too: it holds what the store holds); before that
+    (evaluation, predict) nothing is written back.  ``flush`` writes back what is resident.
 """
 
 from __future__ import annotations
@@ -78,14 +76,15 @@ from ..base import (
     shared_dim,
 )
 from ..tbe import make_tbe, momentum_view, weights_view
-from .batch import Analysis, WindowBatch
-from .layout import cache_layout
+from .batch import WindowBatch
+from .counters import Counters
+from .layout import cache_layout, round_batches
 from .overflow import OverflowPath
-from .placement import Placer
+from .plan import RoundPlanner, TableParams
 from .planner import Planner
-from .policy import EvictionPolicy
+from .scores import EvictionScores
+from .sets import Geometry, SetMap, warm_rows
 from .settings import check_settings, flatten_counts
-from .slots import SlotTable
 from .store import HostStore
 from .threads import HostThreads
 from .transfer import Transfers
@@ -94,14 +93,9 @@ from .window import Window
 log = logging.getLogger(__name__)
 
 
-def observes_counts(policy: str, refresh_counts: bool) -> bool:
-    """Whether the cache counts rows' accesses itself (the host store's ``observed`` array)."""
-    return policy == "lfu" or (policy == "freq" and refresh_counts)
-
-
 def resolve_planner_threads(threads: int, device: torch.device) -> int:
     """``embedding.planner_threads``; 0: 1 on a CPU device (its step already uses every core),
-    else up to 4 (the host passes worth splitting are memory-bound)."""
+    else up to 4 (the host's row gathers and scatters are memory-bound)."""
     if threads:
         return int(threads)
     return 1 if device.type != "cuda" else max(1, min(4, (os.cpu_count() or 2) // 2))
@@ -119,7 +113,7 @@ class FreqCacheBackend(EmbeddingBackend):
         cache_ratio: float = 0.015,
         policy: str = "freq",
         refresh_counts: bool = False,
-        lookahead: int = 2,
+        lookahead: int = 3,
         static_fraction: float = 0.5,
         counts: dict[str, Any] | None = None,
         batch_size: int = 0,
@@ -142,7 +136,6 @@ class FreqCacheBackend(EmbeddingBackend):
                 f"embedding=freq_cache on device={self.device} but CUDA is not available; "
                 "use device=cpu (the cache logic is the same) or embedding=host"
             )
-
         self.cache_ratio = float(cache_ratio)
         self.lookahead = int(lookahead)
         self.policy_name = policy
@@ -150,60 +143,51 @@ class FreqCacheBackend(EmbeddingBackend):
         self.layout = self._layout(
             rows, static_fraction, flat_counts, policy, batch_size, counted_samples
         )
+        self.geometry = Geometry.for_rows(self.layout.window_rows)
         self.slot_bytes = optim.row_bytes(self.dim)  # a slot's device bytes: row + optimizer state
-        self.cache_bytes = self.layout.num_slots * self.slot_bytes
-        self._check_device_memory()
+        num_static = self.layout.num_static
+        self.tbe_rows = self.geometry.dynamic_slots + num_static
+        self._check_device_memory(self.tbe_rows * self.slot_bytes)
 
         # ---- allocation
         if self.device.type == "cuda" and self.device.index is None:  # the threads' device
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.planner_threads = resolve_planner_threads(planner_threads, self.device)
         host = HostThreads(self.planner_threads)
-        observed = observes_counts(policy, refresh_counts)
-        self.store = HostStore(
-            self.tables,
-            optim,
-            self.dim,
-            host,
-            counts=flat_counts if policy == "freq" else None,
-            observed=observed,
-        )
-        num_slots, num_static = self.layout.num_slots, self.layout.num_static
-        self.slots = SlotTable(num_slots, num_static, self.store.num_rows)
-        self.policy = EvictionPolicy(policy, self.slots, self.store.counts, self.store.observed)
+        self.store = HostStore(self.tables, optim, self.dim, host)
         self._lr = optim.lr
         tbe = make_tbe(
-            [num_slots], self.dim, optim, self.device, feature_table_map=[0] * len(tables)
+            [self.tbe_rows], self.dim, optim, self.device, feature_table_map=[0] * len(tables)
         )
         object.__setattr__(self, "tbe", tbe)
         self.transfers = Transfers(
-            self.store,
-            self.slots,
-            weights_view(tbe, self.dim),
-            momentum_view(tbe, optim, self.dim),
-            self.device,
+            self.store, weights_view(tbe, self.dim), momentum_view(tbe, optim, self.dim), self.device
         )
         self.streams = self.transfers.streams
-        self.placer = Placer(
-            self.feature_names,
-            rows,
-            self.layout,
-            self.slots,
-            self.policy,
-            self.store,
-            self.transfers,
+        sets = SetMap(self.geometry, self.store.scratch_row, self.device)
+        scores = EvictionScores(policy, refresh_counts, flat_counts, self.device)
+        row_off = self.store.row_offsets
+        static_at = self.geometry.dynamic_slots + self.layout.static_offsets
+        params = TableParams(self.feature_names, row_off, self.layout.static_rows, static_at, self.device)
+        self.planner = RoundPlanner(sets, scores, params, self.streams)
+        self.counters = Counters(self.feature_names, self.slot_bytes)
+        self._overflow = OverflowPath(
+            self.planner, self.transfers, self.counters, optim, self.dim, self.device
         )
-        self._overflow = OverflowPath(self.placer, optim, self.dim, self.device)
-        # Static region: table t's rows [0, static_rows[t]) at slots static_offsets[t] + rank.
-        st_rows = np.concatenate(
-            [off + np.arange(n) for off, n in zip(self.store.row_offsets, self.layout.static_rows)]
-        ).astype(np.int64)
-        st_slots = np.arange(num_static, dtype=np.int64)
-        self.slots.assign(st_slots, st_rows)
-        self.transfers.upload(st_slots, st_rows)
+        static = _static_region(row_off, self.layout.static_rows, static_at)
+        self._window = Window(
+            self.planner,
+            self.transfers,
+            self._overflow,
+            self.counters,
+            self.store,
+            static,
+            round_batches(self.lookahead),
+        )
+        self._warm_fill(sets, scores, row_off, flat_counts)
+        self.transfers.upload(*np.concatenate([np.stack(sets.resident()), np.stack(static)], 1))
 
         self._fifo: deque[WindowBatch] = deque()  # training thread: prefetched, not forwarded
-        self._window = Window(self.placer, self._overflow, self.slot_bytes)
         self._unretired = True  # a batch was forwarded since the last retirement (as if)
         self._planner = Planner(self.streams, self.device)
         weakref.finalize(self, self._planner.close)
@@ -229,12 +213,12 @@ class FreqCacheBackend(EmbeddingBackend):
         )
         if layout.added_rows > 0:
             log.info(
-                "freq_cache: cache_ratio=%g gives %s window slots, but %d look-ahead batches of %d "
-                "samples need ~%s distinct rows at once: window region sized to %s rows (+%s "
-                "slots, +%.1f MiB)",
+                "freq_cache: cache_ratio=%g gives %s window slots, but the look-ahead (%d) with "
+                "batches of %d samples pins ~%s distinct rows at once: window region sized to %s "
+                "rows (+%s slots, +%.1f MiB)",
                 self.cache_ratio,
                 f"{int(layout.ratio_rows.sum()) - layout.num_static:,}",
-                self.lookahead + 1,
+                self.lookahead,
                 batch_size,
                 f"{layout.window_needed:,}",
                 f"{layout.window_rows:,}",
@@ -243,44 +227,45 @@ class FreqCacheBackend(EmbeddingBackend):
             )
         return layout
 
-    def _check_device_memory(self) -> None:
+    def _warm_fill(
+        self, sets: SetMap, scores: EvictionScores, row_off: np.ndarray, counts: np.ndarray | None
+    ) -> None:
+        """The dynamic region starts full: the next hottest rows after the static region, each in
+        its own set.  Rows are frequency ranks: the dataset's counts, where given, order rows of
+        different tables; without them, their ranks do."""
+        want = 2 * self.geometry.window_rows + 1024  # room for sets that fill up first
+        per_table = [
+            np.arange(s, min(n, s + want)) for s, n in zip(self.layout.static_rows, np.diff(row_off))
+        ]
+        ranks = np.concatenate(per_table).astype(np.int64)
+        rows = np.concatenate([off + r for off, r in zip(row_off[:-1], per_table)]).astype(np.int64)
+        priority = 1.0 / (1.0 + ranks) if counts is None else counts[rows]
+        best = np.argsort(-priority, kind="stable")[:want]
+        rows = rows[best]
+        slots, placed, score = warm_rows(self.geometry, rows, scores.initial(rows, counts))
+        sets.fill(slots, placed, score)
+
+    def _check_device_memory(self, nbytes: int) -> None:
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
-            if self.cache_bytes > free:
+            if nbytes > free:
                 raise ValueError(
                     f"embedding.cache_ratio={self.cache_ratio}: the cache needs "
-                    f"{self.cache_bytes / 2**30:.2f} GiB of GPU memory but {free / 2**30:.2f} GiB "
+                    f"{nbytes / 2**30:.2f} GiB of GPU memory but {free / 2**30:.2f} GiB "
                     "are free; lower embedding.cache_ratio"
                 )
 
     @classmethod
     def host_bytes_per_row(cls, device: torch.device, settings: dict[str, Any]) -> int:
-        """The host store's counts (float64 dataset counts for ``freq``; int64 observed ones for
-        ``lfu`` or ``refresh_counts``), the row map and the dedup scratch (two int32): what
-        HostStore and SlotTable allocate per row."""
-        policy = settings.get("policy", "freq")
-        n = 8 + (8 if policy == "freq" else 0)
-        if observes_counts(policy, settings.get("refresh_counts", False)):
-            n += 8
-        return n
+        """Host bytes per table row besides the store's record: the dataset counts flattened
+        (float64) and their buckets (int64) for ``freq``, while the cache is built."""
+        return 16 if settings.get("policy", "freq") == "freq" else 0
 
-    # ------------------------------------------------------------------------------ public API
-    def analyze(self, features: KeyedJaggedTensor) -> Analysis | None:
-        """The cache-independent part of a placement (global rows, range check, static slots) of
-        a host batch, for the loader thread, where the device has streams; on a CPU device the
-        inline planner does it (a hand-over to another thread costs more on a busy CPU than the
-        work, measured: docs/benchmarks.md)."""
-        if not self.streams.asynchronous or features.values().device.type != "cpu":
-            return None
-        return self.placer.analyze(features, features.values().numpy())
-
-    # The training thread's side: post to the planner (which, inline on a CPU, runs the task) ---
-    def prefetch(self, features: KeyedJaggedTensor, analysis: object | None = None) -> None:
-        # ``analysis``: what ``analyze`` returned (an Analysis or None), as the base declares it
+    # -- the training thread's side: post to the planner (which, inline on a CPU, runs the task) --
+    def prefetch(self, features: KeyedJaggedTensor, copied: Any = None) -> None:
         self._retire()
-        b = WindowBatch(features, torch.is_grad_enabled())
-        ordered = None if isinstance(analysis, Analysis) else self._ordered(features)
-        self._planner.post(self._window.prefetch, b, analysis, False, ordered)
+        b = WindowBatch(features, torch.is_grad_enabled(), self._copied(features, copied))
+        self._planner.post(self._window.prefetch, b)
         self._fifo.append(b)
 
     def step_done(self) -> None:
@@ -293,8 +278,8 @@ class FreqCacheBackend(EmbeddingBackend):
         b = pop_prefetched(self._fifo, features, lambda b: b.kjt, lambda b: b.train)
         t0 = time.perf_counter()  # an inline planner places the batch within the posts below
         if b is None:  # ad hoc: placed now
-            b = WindowBatch(features, train)
-            self._planner.post(self._window.prefetch, b, None, True, self._ordered(features))
+            b = WindowBatch(features, train, self._copied(features, None))
+            self._planner.post(self._window.prefetch, b)
         self._planner.post(self._window.demand, b, train)
         b.wait(self.streams, self._planner)
         stall = time.perf_counter() - t0
@@ -304,21 +289,23 @@ class FreqCacheBackend(EmbeddingBackend):
         if b.needs_overflow:
             self._planner.call(self._window.add_stall, stall)  # the planner is idle from here on
             out = self._overflow.forward(b, features, self._lr)
-            self._planner.call(self._window.inflight.append, b)
+            self._planner.call(self._window.forwarded, b, 0.0)
             return pooled(features, out, self.dim)
-        assert b.indices is not None  # placed: prepare set them, _p_forwarded clears them later
-        indices = b.indices
-        self.transfers.wait_ready(b.event, indices)
-        offsets = features.offsets().to(self.device, dtype=indices.dtype, non_blocking=True)
-        out = self.tbe(indices, offsets)
+        assert b.lookup is not None and b.round is not None  # placed
+        self.transfers.wait_ready(b.round.event, b.lookup)
+        offsets = features.offsets()
+        if offsets.device != self.device:  # a host batch forwarded as it is
+            offsets = offsets.to(self.device, non_blocking=True)
+        offsets = offsets.to(dtype=b.lookup.dtype)
+        out = self.tbe(b.lookup, offsets)
         self._planner.post(self._window.forwarded, b, stall)
         return pooled(features, out, self.dim)
 
-    def _ordered(self, features: KeyedJaggedTensor) -> Any:
-        """For a batch not on the host: an event after the compute stream's work so far, which
-        reading it back waits for (whoever made it); None for a host batch."""
-        if features.values().device.type == "cpu":
-            return None
+    def _copied(self, features: KeyedJaggedTensor, copied: Any) -> Any:
+        """The event after which ``features``' ids are on the device: the pipeline's copy event;
+        for a batch made elsewhere, one after the compute stream's work so far (None on a CPU)."""
+        if copied is not None or not self.streams.asynchronous:
+            return copied
         self.transfers.track_compute()
         return self.transfers.compute_event()
 
@@ -353,7 +340,7 @@ class FreqCacheBackend(EmbeddingBackend):
         self._planner.call(self._window.import_tables, state)
 
     def stats(self) -> dict[str, float]:
-        """Counters since the last ``reset_stats`` (host numbers; nothing changes)."""
+        """Counters since the last ``reset_stats`` (nothing changes)."""
         out = self._planner.call(self._window.stats)
         out.update(self.layout_stats())
         out["transfer_wait_s"] = self.transfers.transfer_wait_s()  # the training thread's waits
@@ -375,14 +362,31 @@ class FreqCacheBackend(EmbeddingBackend):
         self._planner.call(self._window.cancel, gone)
 
     def layout_stats(self) -> dict[str, float]:
-        """The cache's regions: rows and device bytes (see ``cache_layout``)."""
-        static, window = self.slots.num_static, self.slots.num_dynamic
+        """The cache's regions: usable rows and the device bytes they take (the window's padding
+        ways, its map and the policy's segments included)."""
+        static, window = self.layout.num_static, self.layout.window_rows
+        static_bytes = static * self.slot_bytes
+        window_bytes = (
+            self.geometry.dynamic_slots * self.slot_bytes
+            + self.planner.sets.bytes()
+            + self.planner.scores.segment_bytes()
+        )
         return {
-            "cache_bytes": float(self.cache_bytes),
-            "cache_rows": float(self.slots.num_slots),
+            "cache_bytes": float(static_bytes + window_bytes),
+            "cache_rows": float(static + window),
             "static_rows": float(static),
-            "static_bytes": float(static * self.slot_bytes),
+            "static_bytes": float(static_bytes),
             "window_rows": float(window),
-            "window_bytes": float(window * self.slot_bytes),
+            "window_bytes": float(window_bytes),
             "window_needed_rows": float(self.layout.window_needed),
         }
+
+
+def _static_region(
+    row_off: np.ndarray, static_rows: np.ndarray, static_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, rows) of the static region: table ``t``'s ranks ``[0, static_rows[t])``."""
+    ranks = [np.arange(n, dtype=np.int64) for n in static_rows]
+    slots = np.concatenate([at + r for at, r in zip(static_at, ranks)] or [np.zeros(0, np.int64)])
+    rows = np.concatenate([off + r for off, r in zip(row_off, ranks)] or [np.zeros(0, np.int64)])
+    return slots.astype(np.int64), rows.astype(np.int64)

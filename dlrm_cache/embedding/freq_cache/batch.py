@@ -1,4 +1,9 @@
-"""A batch on its way through the cache: its analysis, then its placement, then its retirement."""
+"""A batch on its way through the cache, and the round that places it.
+
+A *round* places one or two consecutive prefetched batches together (window.py): one plan, one
+staging buffer, one set of copies, one "rows ready" event, and one set of pins, released when all
+of its batches have retired (or were forgotten).
+"""
 
 from __future__ import annotations
 
@@ -6,68 +11,31 @@ import dataclasses
 import threading
 from typing import Any
 
-import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-
-def uniform_length(lpk: np.ndarray) -> int:
-    """The number of ids of every table where all tables have the same (Criteo: one id per
-    sample and table), else 0."""
-    per = int(lpk[0]) if len(lpk) else 0
-    return per if per and bool((lpk == per).all()) else 0
-
-
-def id_tables(lpk: np.ndarray) -> np.ndarray:
-    """The table of every id of a batch (KJT values are feature-major)."""
-    return np.repeat(np.arange(len(lpk)), lpk)
-
-
-@dataclasses.dataclass(eq=False)
-class Analysis:
-    """What a batch needs that does not depend on the cache's state (``analyze``), on the host.
-
-    ``lookup`` holds each id's slot where its row is in the static region (its slot follows from
-    its rank) and -1 where it is not: those ids, at positions ``dynamic`` (global rows ``rows``),
-    are looked up in the row map when the batch is placed.  ``lookup`` has the ids' dtype (that of
-    the batch's offsets: fbgemm wants indices and offsets of one dtype) and lives in a staging
-    buffer (``staged``), so the placement fills in the dynamic ids and the copy reads it as is.  A ``bad`` batch (an id
-    outside its table) is refused at its prefetch, and has nothing else."""
-
-    kjt: KeyedJaggedTensor
-    values: np.ndarray  # the ids (host)
-    table_accesses: np.ndarray  # accesses per table
-    rows: np.ndarray  # global row of each id outside the static region (int64)
-    lookup: np.ndarray  # slot of every static id, -1 elsewhere
-    dynamic: np.ndarray  # positions of the ids outside the static region
-    bad: bool  # an id out of its table's range
-    distinct: int  # distinct rows of the batch
-    staged: torch.Tensor | None  # the staging buffer ``lookup`` is a view of
-    sent: bool = False  # its copy to the device was issued
 
 
 @dataclasses.dataclass(eq=False)
 class WindowBatch:
     """One batch between its prefetch and its retirement.
 
-    Made by the training thread (``kjt``, ``train``); everything else is written by the planner
-    thread, and read by the training thread only after ``ready`` is set."""
+    Made by the training thread (``kjt``, ``train``, ``copied``); everything else is written by
+    the planner thread, and read by the training thread only after ``ready`` is set."""
 
     kjt: KeyedJaggedTensor
-    train: bool  # its slots are marked dirty (a training batch)
-    analysis: Analysis | None = None
+    train: bool  # a training batch (its rows will be updated)
+    copied: Any = None  # event after which ``kjt``'s ids are on the device (None: they are)
     ready: threading.Event = dataclasses.field(default_factory=threading.Event)
     known: Any = None  # the planner's host knowledge when it set ``ready`` (Streams.host_knowledge)
     error: BaseException | None = None  # raised by the forward of this batch
-    needs_overflow: bool = False  # does not fit even in the empty window: a temporary TBE
-    prepared: bool = False
-    deferred: bool = False
-    # what was resident at its first placement, counted when it is forwarded: hits per table
-    # (accesses), distinct rows, distinct rows hit
-    first_hits: tuple[np.ndarray, int, int] | None = None
-    pinned: np.ndarray | None = None  # the dynamic slot of each of its dynamic ids
-    indices: torch.Tensor | None = None  # slot ids for the lookup (device)
-    event: Any = None  # its rows and indices are on the device
+    needs_overflow: bool = False  # does not fit even with nothing else placed: a temporary TBE
+    round: Round | None = None  # the round that placed it
+    lookup: torch.Tensor | None = None  # its ids' slots (device), once placed
+    demanded: bool = False  # its forward waits for it: placed now, alone if need be
+    deferred: bool = False  # did not fit when first tried (counted once)
+    counted: bool = False  # its accesses are in the counters
+    forwarded: bool = False
+    finished: bool = False  # retired, or forgotten before its forward
     overflow: Any = None  # the overflow path's state while it is in flight
 
     def signal(self, streams: Any) -> None:
@@ -79,3 +47,21 @@ class WindowBatch:
         """Training thread: until the batch is placed (or failed)."""
         planner.wait(self.ready)
         streams.learn(self.known)
+
+
+@dataclasses.dataclass(eq=False)
+class Round:
+    """Batches placed together: their pins (``slots``, one per distinct key) and the event after
+    which their rows and lookups are on the device."""
+
+    batches: list[WindowBatch]
+    seq: int
+    slots: torch.Tensor
+    event: Any
+
+    def done(self) -> bool:
+        return all(b.finished for b in self.batches)
+
+    def in_flight(self) -> bool:
+        """A batch of it was forwarded and has not retired: its pins must stay."""
+        return any(b.forwarded and not b.finished for b in self.batches)

@@ -24,6 +24,21 @@ import numpy as np
 # Window region margin over the expected distinct rows of the window's batches, in standard
 # deviations (the count of distinct rows among independent draws has variance below its mean).
 WINDOW_SIGMAS = 4.0
+# The window region's sets are filled to at most this share by the rows pinned at once: a row
+# may only go to its own set (sets.py), and at half of 64 ways a set overflows (the round waits
+# for a retirement) in about one round in ten thousand at Criteo sizes.
+SET_LOAD = 0.5
+
+
+def round_batches(lookahead: int) -> int:
+    """Batches placed per round (window.py): two when the trainer looks at least two ahead."""
+    return 2 if lookahead >= 2 else 1
+
+
+def pinned_batches(lookahead: int) -> int:
+    """Batches whose rows are pinned at once at most: the step's, the look-ahead's and, with
+    rounds of two, the one whose round-mate is still ahead."""
+    return lookahead + round_batches(lookahead)
 
 
 def _as_counts(counts) -> np.ndarray:
@@ -133,11 +148,11 @@ def cache_layout(
     (the freq policy) they hold the globally hottest rows (rows are frequency ranks, so a prefix of
     each table); otherwise each table gets ``static_fraction`` of its own share.
 
-    Window region: the rest of the ratio's slots -- but at least the distinct non-static rows of
-    ``lookahead + 1`` batches of ``batch_size`` samples (all pinned at once while the trainer
-    prefetches), estimated from ``counts``, each table drawing its ids per sample
-    (:func:`ids_per_sample` of the ``samples`` counted); slots are added when the ratio leaves
-    fewer.
+    Window region: the rest of the ratio's slots -- but at least twice (:data:`SET_LOAD`) the
+    distinct non-static rows of :func:`pinned_batches` batches of ``batch_size`` samples (all
+    pinned at once while the trainer prefetches), estimated from ``counts``, each table drawing
+    its ids per sample (:func:`ids_per_sample` of the ``samples`` counted); slots are added when
+    the ratio leaves fewer.
     ``batch_size=0``: no sizing (the window gets what the ratio leaves; batches that do not fit
     are deferred, or overflow).
     """
@@ -157,13 +172,16 @@ def cache_layout(
     static_rows = static_rows.astype(np.int64)
     window = num_slots - int(static_rows.sum())
     needed = 0
+    sized = window
     if batch_size > 0:
         per = ids_per_sample(counts, samples, len(rows_a))
         needed = expected_window_rows(
-            rows_a, static_rows, counts, (lookahead + 1) * batch_size * per
+            rows_a, static_rows, counts, pinned_batches(lookahead) * batch_size * per
         )
-        needed = min(needed, int((rows_a - static_rows).sum()))
-    return CacheLayout(ratio_rows, static_rows, max(window, needed), needed)
+        dynamic_rows = int((rows_a - static_rows).sum())
+        needed = min(needed, dynamic_rows)
+        sized = max(window, min(math.ceil(needed / SET_LOAD), dynamic_rows))
+    return CacheLayout(ratio_rows, static_rows, sized, needed)
 
 
 def _draw_probability(p: np.ndarray, draws: float | np.ndarray) -> np.ndarray:
@@ -184,18 +202,18 @@ def pooled_hit_rates(
     multi-hot list is an access).
 
     The model of the cache as built: the static region serves its rows.  In the dynamic region,
-    the ``lookahead + 1`` batches in flight pin their rows, so it holds ``P`` persistent rows (the
+    the :func:`pinned_batches` batches in flight pin their rows, so it holds ``P`` persistent rows (the
     hottest non-static rows over all tables: the ``freq`` policy evicts the lowest counts first)
     plus the expected distinct colder rows of those batches, with ``P`` the largest that fits in
     ``window_rows``.  A colder row is resident before a batch is placed when one of the
-    ``lookahead + 1`` batches placed before it used it (their rows are the window's, evicted only
+    :func:`pinned_batches` batches placed before it used it (their rows are the window's, evicted only
     as later batches need the slots).  ``batch_size=0`` (no sizing): the window holds no cold rows.
     """
     cold = [_as_counts(c)[s:] for c, s in zip(counts, layout.static_rows)]
     p = np.concatenate([c / max(_as_counts(a).sum(), 1.0) for c, a in zip(cold, counts)])
     order = np.argsort(-np.concatenate(cold), kind="stable")  # the freq policy's ranking
     per = ids_per_sample(counts, samples, len(counts))
-    draws = np.repeat((lookahead + 1) * batch_size * per, [c.size for c in cold])
+    draws = np.repeat(pinned_batches(lookahead) * batch_size * per, [c.size for c in cold])
     in_flight = _draw_probability(p[order], draws[order])
     # room[P]: persistent rows P plus the expected distinct in-flight rows outside them
     room = np.arange(order.size + 1) + np.concatenate([np.cumsum(in_flight[::-1])[::-1], [0.0]])

@@ -1,9 +1,11 @@
-"""Batches larger than the whole dynamic region: a temporary TBE holding exactly their rows.
+"""Batches that do not fit even with nothing else placed: a temporary TBE holding exactly their rows.
 
 Slower, but correct: the planner is idle (the training thread called it and got the batch back
-marked ``needs_overflow``), the device is synchronized, and nothing else is placed until the
-batch retires, when its trained rows go back to their slots or to the host store.  Counted in
-``overflow_batches``; the window sizing keeps normal runs out of this path.
+marked ``needs_overflow``), the device is synchronized and host reads are allowed (this is not
+the step's path), and nothing else is placed until the batch retires, when its trained rows go
+back to their slots or to the host store.  What fits is still admitted first (each set's
+unpinned ways, lowest eviction key first), so a cache too small for its batches keeps serving the
+hot rows.  Counted in ``overflow_batches``; the window sizing keeps normal runs out of this path.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..base import SparseOptim
 from ..tbe import make_tbe, momentum_view, weights_view
 from .batch import WindowBatch
-from .placement import Placer, global_rows, tables_of
+from .counters import Counters
+from .plan import RoundPlanner
+from .sets import PIN
+from .transfer import Transfers
 
 
 @dataclasses.dataclass
@@ -33,107 +38,121 @@ class _InFlight:
 
 
 class OverflowPath:
-    def __init__(self, placer: Placer, optim: SparseOptim, dim: int, device: torch.device) -> None:
-        self.placer = placer
+    def __init__(
+        self,
+        planner: RoundPlanner,
+        transfers: Transfers,
+        counters: Counters,
+        optim: SparseOptim,
+        dim: int,
+        device: torch.device,
+    ) -> None:
+        self.planner = planner
+        self.transfers = transfers
+        self.counters = counters
         self.optim = optim
         self.dim = dim
         self.device = device
-
-    @torch.no_grad()
-    def _admit(self, rows: np.ndarray, resident: np.ndarray) -> None:
-        """Still admit what fits (the best of the misses by policy), so that a cache too small for
-        its batches keeps serving the hot rows.  Nothing is pinned now (the window was released)."""
-        p = self.placer
-        misses = rows[~resident]
-        k = min(len(misses), p.slots.num_dynamic)
-        if not k:
-            return
-        admit = p.policy.best(misses, k)
-        victims = p.policy.choose(k)
-        assert victims is not None  # nothing is pinned: every dynamic slot is free
-        wb_slots, wb_rows = p.admit(victims, admit)
-        sources = np.full(len(admit), -1)  # every write-back applied: all in the host store
-        p.transfers.place(victims, admit, sources, wb_slots, wb_rows, None)
-        p.transfers.sync()
-        p.transfers.write_backs.settle(keep=0)
+        self.written_back = False  # training happened: evicted rows go back to the host store
 
     def forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
-        try:
-            return self._forward(b, features, lr)
-        except BaseException as e:  # the bookkeeping may be half changed: nothing goes on
-            self.placer.broken = e
-            raise
-
-    def _forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
-        p, a = self.placer, b.analysis
-        assert a is not None  # analysed
-        p.counters.add("overflow_batches", 1)
-        p.transfers.sync()
-        p.transfers.write_backs.settle(keep=0)
-        grow = global_rows(a, p.row_off)
-        first, inverse = p.slots.dedup_rows(grow)
-        rows = grow[first]
-        slots = p.slots.row_slot[rows].astype(np.int64)
-        resident = slots >= 0
-        missed = np.bincount(
-            tables_of(np.flatnonzero(~resident[inverse]), a.table_accesses),
-            minlength=len(a.table_accesses),
+        p, tr = self.planner, self.transfers
+        tr.sync()
+        tr.write_backs.settle(keep=0)
+        lpk = np.asarray(b.kjt.length_per_key(), dtype=np.int64)
+        table = np.repeat(np.arange(len(lpk)), lpk)
+        values = b.kjt.values().cpu().numpy().astype(np.int64)
+        row_off, static_rows, _, static_at = p.params.host
+        rows, inverse = np.unique(values + row_off[table], return_inverse=True)
+        t = np.searchsorted(row_off, rows, side="right") - 1
+        rank = rows - row_off[t]
+        static = rank < static_rows[t]
+        st = tr.streams
+        with st.use(st.plan):  # the device map is the plan stream's
+            slots = np.where(static, static_at[t] + rank, self._resident(rows))
+        missed = slots < 0
+        self.counters.overflowed(
+            lpk,
+            np.bincount(t[inverse][missed[inverse]], minlength=len(lpk)),
+            int((~static).sum()),
+            int((~static & ~missed).sum()),
         )
-        p.counters.forwarded(
-            a.table_accesses, a.table_accesses - missed, len(rows), int(resident.sum())
-        )
-        self._admit(rows, resident)
-        slots = p.slots.row_slot[rows].astype(np.int64)
-        resident = slots >= 0
-        held = slots >= p.slots.num_static
-        p.used(rows[held], slots[held])
+        with st.use(st.plan):
+            slots[missed] = self._admit(rows[missed], slots[~missed & ~static])
         optim = dataclasses.replace(self.optim, lr=lr)
-        tbe = make_tbe(
-            [len(rows)], self.dim, optim, self.device, feature_table_map=[0] * len(a.table_accesses)
-        )
-        records = torch.empty((len(rows), p.store.record_cols), device=self.device)
-        if resident.any():
-            records[p.transfers.index(np.flatnonzero(resident))] = p.transfers.slot_records(
-                slots[resident]
-            )
-        if (~resident).any():
-            records[p.transfers.index(np.flatnonzero(~resident))] = p.transfers.host_records(
-                rows[~resident]
-            )
+        tbe = make_tbe([len(rows)], self.dim, optim, self.device, feature_table_map=[0] * len(lpk))
+        records = torch.empty((len(rows), tr.cols), device=self.device)
+        held = slots >= 0
+        if held.any():
+            records[tr.index(np.flatnonzero(held))] = tr.slot_records(tr.index(slots[held]))
+        if (~held).any():
+            records[tr.index(np.flatnonzero(~held))] = tr.host_records(rows[~held])
         _set_records(tbe, optim, self.dim, records)
-        p.counters.add("rows_loaded", int((~resident).sum()))
         b.overflow = _InFlight(tbe, optim, rows, slots, torch.is_grad_enabled())
-        indices = p.transfers.index(inverse)
         offsets = features.offsets().to(self.device, dtype=torch.int64)
-        return tbe(indices, offsets)
+        return tbe(tr.index(inverse), offsets)
+
+    def _resident(self, rows: np.ndarray) -> np.ndarray:
+        """The slot of each of ``rows`` in the dynamic region, -1 where not resident."""
+        sets = self.planner.sets
+        keys = sets.keys2d.cpu().numpy()
+        g = sets.geometry
+        match = keys[rows % g.sets] == rows[:, None]
+        col = match.argmax(axis=1)
+        return np.where(match.any(axis=1), (rows % g.sets) * g.cols + col, -1)
+
+    @torch.no_grad()
+    def _admit(self, rows: np.ndarray, held: np.ndarray) -> np.ndarray:
+        """Admit what fits of (missed, distinct) ``rows``: each set's unpinned ways but the
+        batch's own (``held``), lowest eviction key first, for its rows in order.  Their slots
+        (-1: not admitted)."""
+        p, tr = self.planner, self.transfers
+        g = p.sets.geometry
+        out = np.full(len(rows), -1, dtype=np.int64)
+        if not len(rows):
+            return out
+        evict = p.sets.evict2d.cpu().numpy().copy()
+        evict.reshape(-1)[held] = PIN  # the batch's resident rows stay where they are
+        order = np.argsort(rows % g.sets, kind="stable")
+        sets = (rows % g.sets)[order]
+        rank = np.arange(len(sets)) - np.searchsorted(sets, sets)
+        ranked = np.argsort(evict[sets], axis=1, kind="stable")
+        col = np.take_along_axis(ranked, np.minimum(rank, g.cols - 1)[:, None], 1)[:, 0]
+        free = (rank < g.cols) & (evict[sets, col] < PIN)
+        if not free.any():
+            return out
+        chosen, slots = order[free], sets[free] * g.cols + col[free]
+        victims = tr.index(slots)
+        evicted = p.sets.keys.cpu().numpy()[slots]
+        if self.written_back:
+            written = tr.slot_records(victims)
+            tr.to_host(evicted, written)
+        row_dev = tr.index(rows[chosen])
+        p.sets.keys.index_copy_(0, victims, row_dev)
+        p.scores.admit(p.sets.evict, victims, row_dev, 0)
+        p.scores.untouch(p.sets.evict, victims)  # admitted, not pinned: nothing else is placed
+        tr.to_slots(victims, tr.host_records(rows[chosen]))
+        tr.sync()
+        self.counters.add("rows_loaded", int(free.sum()))
+        out[chosen] = slots
+        return out
 
     def retire(self, b: WindowBatch) -> None:
         """After ``b``'s backward: its trained rows back to their slots or the host store."""
-        try:
-            self._retire(b)
-        except BaseException as e:  # rows may be lost: nothing goes on
-            self.placer.broken = e
-            raise
-
-    @torch.no_grad()
-    def _retire(self, b: WindowBatch) -> None:
         o, b.overflow = b.overflow, None
-        if not o.train:
+        if o is None or not o.train:
             return
-        p = self.placer
-        p.transfers.sync()
-        records = _get_records(o.tbe, o.optim, self.dim)
-        res = o.slots >= 0
-        if res.any():
-            idx = p.transfers.index(np.flatnonzero(res))
-            p.transfers.to_slots(o.slots[res], records[idx])
-            p.slots.dirty[o.slots[res]] = True
-            p.slots.static_dirty = True
-        if (~res).any():
-            idx = p.transfers.index(np.flatnonzero(~res))
-            p.transfers.to_host(o.rows[~res], records[idx])
-            p.counters.add("rows_written_back", int((~res).sum()))
-        p.transfers.sync()
+        tr = self.transfers
+        with torch.no_grad():
+            tr.sync()
+            records = _get_records(o.tbe, o.optim, self.dim)
+            res = o.slots >= 0
+            if res.any():
+                tr.to_slots(tr.index(o.slots[res]), records[tr.index(np.flatnonzero(res))])
+            if (~res).any():
+                tr.to_host(o.rows[~res], records[tr.index(np.flatnonzero(~res))])
+                self.counters.add("rows_written_back", int((~res).sum()))
+            tr.sync()
 
 
 def _set_records(tbe, optim: SparseOptim, dim: int, records: torch.Tensor) -> None:

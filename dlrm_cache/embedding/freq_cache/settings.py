@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..base import TableSpec
-from .policy import POLICIES
+from .scores import POLICIES
 
 
 def check_settings(

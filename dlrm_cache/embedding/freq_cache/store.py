@@ -1,4 +1,4 @@
-"""Host storage: every row of every table, its optimizer state and its counts, in host memory.
+"""Host storage: every row of every table and its optimizer state, in host memory.
 
 All tables share one embedding dim, so they are kept as one ``[sum(rows), dim + state]`` tensor
 (table ``t`` starts at ``row_offsets[t]``); a row is addressed by its *global row id*
@@ -8,11 +8,11 @@ vectorized operation each.  A row's weights and optimizer state are one contiguo
 crosses PCIe and is scattered back as one piece.
 
 The store is plain (pageable) host memory, touched by host code only: the planner gathers the
-rows a batch misses into a pinned staging buffer (``gather``), the device copies them in, and rows
-written back arrive in a staging buffer the planner scatters here (``scatter``).  No device kernel
-ever reads or writes it (the stream harness checks that: ``Streams.host_resident``).  Per-row
-counts (dataset and observed) are host arrays too, so device memory scales with the cache, not
-with the tables.
+rows a round misses into a pinned staging buffer (``gather``), the device copies them in, and rows
+written back arrive in a staging buffer that is scattered here (``scatter``).  No device kernel
+ever reads or writes it (the stream harness checks that: ``Streams.host_resident``).  One more
+row than the tables have, the *scratch row* (``scratch_row``), receives what an empty way "held"
+when it is a victim, so a write-back is never filtered on the host.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ class HostStore:
         optim: SparseOptim,
         dim: int,
         threads: HostThreads,
-        counts: np.ndarray | None = None,
-        observed: bool = False,
     ) -> None:
         self.tables = tables
         self.dim = dim
@@ -41,16 +39,13 @@ class HostStore:
         self.row_offsets = np.zeros(len(tables) + 1, dtype=np.int64)
         self.row_offsets[1:] = np.cumsum([t.num_rows for t in tables])
         self.num_rows = int(self.row_offsets[-1])
+        self.scratch_row = self.num_rows
         self.state_cols = optim.state_floats(dim)
         self.record_cols = dim + self.state_cols
         # Zeros, like fbgemm's own TBE buffers at construction: the model initializes the tables
         # through import_tables() whatever the placement.
-        self.data = torch.zeros((self.num_rows, self.record_cols), dtype=torch.float32)
+        self.data = torch.zeros((self.num_rows + 1, self.record_cols), dtype=torch.float32)
         self._np = self.data.numpy()
-        self.weight, self.momentum = self.columns(self.data)
-        # per-row dataset counts (freq) and accesses observed in training (lfu, refresh_counts)
-        self.counts = None if counts is None else np.ascontiguousarray(counts, dtype=np.float64)
-        self.observed = np.zeros(self.num_rows, dtype=np.int64) if observed else None
 
     def table_slice(self, i: int) -> slice:
         return slice(int(self.row_offsets[i]), int(self.row_offsets[i + 1]))

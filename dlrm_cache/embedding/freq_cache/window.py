@@ -1,12 +1,15 @@
-"""The look-ahead window, on the planner thread: each batch from its prefetch to its retirement.
+"""The look-ahead window, on the planner thread: batches from their prefetch to their retirement.
 
 The training thread posts the cache's tasks (backend.py); this object runs them, in the order
-posted, on the planner (planner.py): a prefetched batch is analysed if the loader did not, queued
-and placed while it fits (a batch that does not fit is *deferred*, and blocks the ones behind it
-until space frees: FIFO); a demanded batch is placed whatever it takes (the queued batches give
-their space back, or it takes the overflow path); a forwarded batch is counted and kept until its
-retirement releases its pins; a flush, an import and the statistics run here too, so every piece
-of the cache's host state has one owner.
+posted, on the planner (planner.py).  Prefetched batches queue (FIFO) and are placed in *rounds*
+(plan.py): two consecutive batches together where the trainer looks at least two batches ahead
+(so the next prefetch always comes before a batch's forward: a round's device ops, copies and
+host work serve two batches), else one.  A round that does not fit beside the live rounds' pins
+is tried alone, then *deferred* (it and the ones behind it wait until a retirement frees space:
+FIFO).  A demanded batch (its forward waits) is placed whatever it takes: alone, then with the
+queued rounds' space given back, else by the overflow path.  A round's pins are released when all
+of its batches have retired or were forgotten.  Flush, import and the statistics run here too, so
+every piece of the cache's state has one owner.
 """
 
 from __future__ import annotations
@@ -15,36 +18,261 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .batch import Analysis, WindowBatch
+from .batch import Round, WindowBatch
 from .counters import Counters
 from .overflow import OverflowPath
-from .placement import Placer
+from .plan import RoundPlanner
+from .sets import SetMap
+from .store import HostStore
+from .transfer import Transfers
 
 
 class Window:
-    def __init__(self, placer: Placer, overflow: OverflowPath, row_bytes: int) -> None:
-        self.placer = placer
+    def __init__(
+        self,
+        planner: RoundPlanner,
+        transfers: Transfers,
+        overflow: OverflowPath,
+        counters: Counters,
+        store: HostStore,
+        static_slots: tuple[np.ndarray, np.ndarray],
+        round_batches: int,
+    ) -> None:
+        self.planner = planner
+        self.sets: SetMap = planner.sets
+        self.transfers = transfers
         self.overflow = overflow
-        self.transfers = placer.transfers
-        self.slots = placer.slots
-        self.store = placer.store
-        self.streams = placer.transfers.streams
-        self.row_bytes = row_bytes
+        self.counters = counters
+        self.store = store
+        self.static_slots = static_slots  # (slots, rows) of the static region
+        self.round_batches = round_batches
+        self.streams = transfers.streams
         self.queue: list[WindowBatch] = []  # prefetched, not yet forwarded (FIFO)
         self.inflight: list[WindowBatch] = []  # forwarded, backward not known to be done
+        self.rounds: list[Round] = []  # placed rounds holding pins
+        self.trained = False  # a training batch was placed since the last flush
+        self.seq = 0  # rounds planned (the lru policy's clock)
+        # a placement that failed part-way: the device map no longer matches the host store
+        self.broken: BaseException | None = None
 
-    def broken(self) -> BaseException | None:
-        """Once a placement failed part-way (its bookkeeping half changed), the error every later
-        batch and call gets: training on must not use rows the host no longer tracks."""
-        if self.placer.broken is None:
+    # -- tasks -------------------------------------------------------------------------------
+    def prefetch(self, b: WindowBatch) -> None:
+        if (error := self._broken_error()) is not None:
+            self._fail(b, error)
+            return
+        self.queue.append(b)
+        self._try_prepare()
+
+    def demand(self, b: WindowBatch, train: bool) -> None:
+        """``b`` is forwarded next: placed now, whatever it takes."""
+        if b.error is None:
+            b.error = self._broken_error()
+        if b.error is not None:
+            self._fail(b, b.error)
+            return
+        b.demanded = True
+        if train and not b.train:  # prefetched under no_grad, trained on after all
+            b.train = self.trained = True
+        if b.round is None:
+            try:
+                self._try_prepare()
+                if b.round is None and b.error is None and not self._place([b]):
+                    # give the queued rounds' space back (they are placed again later), retry
+                    for r in [r for r in self.rounds if not r.in_flight() and b not in r.batches]:
+                        self._unprepare(r)
+                    b.needs_overflow = not self._place([b])
+            except BaseException as e:
+                b.error = e
+        if b.needs_overflow:  # the overflow path writes back what it evicts once rows change
+            self.trained |= b.train
+            self.overflow.written_back = self.trained
+        if b in self.queue:
+            self.queue.remove(b)
+        b.signal(self.streams)
+
+    def forwarded(self, b: WindowBatch, stall: float) -> None:
+        self.counters.add("stall_s", stall)
+        b.forwarded = True
+        self.inflight.append(b)
+        self._try_prepare()  # batches deferred for lack of space
+
+    def add_stall(self, stall: float) -> None:
+        self.counters.add("stall_s", stall)
+
+    def retire(self, event: Any) -> None:
+        self.transfers.retired(event)
+        for b in self.inflight:
+            if b.overflow is not None:
+                self.overflow.retire(b)
+            b.finished = True
+        self.inflight.clear()
+        self._release_done()
+        self._try_prepare()
+
+    def cancel(self, gone: list[WindowBatch]) -> None:
+        for b in gone:
+            if b in self.queue:
+                self.queue.remove(b)
+            b.finished = True
+            if b.round is not None and not any(x.forwarded for x in b.round.batches):
+                self._unprepare(b.round)
+        self._release_done()
+        self._try_prepare()  # batches deferred behind the forgotten ones
+
+    def flush(self) -> None:
+        if (error := self._broken_error()) is not None:
+            raise error
+        tr = self.transfers
+        tr.sync()
+        tr.write_backs.settle(keep=0)
+        with self.streams.use(self.streams.plan):  # the device map is the plan stream's
+            slots, rows = self.sets.resident()
+            self.sets.reset_phantoms()
+        if self.trained:
+            static_slots, static_rows = self.static_slots
+            tr.write_back_now(np.r_[slots, static_slots], np.r_[rows, static_rows])
+            self.counters.add("rows_written_back", len(slots) + len(static_slots))
+        self.trained = self._training_pending()
+
+    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
+        if (error := self._broken_error()) is not None:
+            raise error
+        self.transfers.write_backs.settle(keep=0)
+        with self.streams.on_host():
+            self.store.load(state)
+        with self.streams.use(self.streams.plan):
+            slots, rows = self.sets.resident()
+        static_slots, static_rows = self.static_slots
+        self.transfers.upload(np.r_[slots, static_slots], np.r_[rows, static_rows])
+        self.trained = self._training_pending()
+
+    def stats(self) -> dict[str, float]:
+        with self.streams.use(self.streams.plan):  # counted by the plan stream's commits
+            misses = self.planner.miss_counts.cpu().numpy()
+        return self.counters.report(misses)
+
+    def reset_stats(self) -> None:
+        self.counters.reset()
+        with self.streams.use(self.streams.plan):
+            self.planner.miss_counts.zero_()
+
+    # -- placement ---------------------------------------------------------------------------
+    def _try_prepare(self) -> None:
+        """Place queued batches in order while they fit (FIFO: a deferred one blocks the later
+        ones), two per round where rounds hold two; a lone batch waits for its partner unless
+        its forward is waiting for it."""
+        if any(b.overflow is not None for b in self.inflight):
+            return  # its rows are outside the cache until it retires
+        waiting = [b for b in self.queue if b.round is None and b.error is None]
+        while waiting:
+            group = waiting[: self.round_batches]
+            if len(group) < self.round_batches and not group[0].demanded:
+                return
+            try:
+                placed = self._place(group)
+                if not placed and len(group) > 1:
+                    group = group[:1]
+                    placed = self._place(group)
+            except BaseException as e:  # this round's forwards raise it, the later ones the rest
+                for b in group:
+                    self._fail(b, e)
+                for b in list(self.queue):
+                    self._fail(b, self._broken_error() or e)
+                return
+            if not placed:
+                if not group[0].deferred:
+                    group[0].deferred = True
+                    self.counters.add("deferred_batches", 1)
+                return
+            waiting = [b for b in waiting if b.round is None and b.error is None]
+
+    def _place(self, group: list[WindowBatch]) -> bool:
+        """Plan, commit and copy one round; False (nothing changed) when it does not fit.  A
+        batch with an id outside its table fails alone (True: the others wait for a round)."""
+        st, planner = self.streams, self.planner
+        self.seq += 1
+        try:
+            with st.use(st.plan):
+                for b in group:
+                    st.wait_event(st.plan, b.copied)
+                p = planner.propose([b.kjt for b in group], self.seq)
+                if p.bad_range or not p.fits:
+                    planner.refuse(p)
+        except BaseException as e:  # the device map may be half changed: nothing goes on
+            self.broken = e
+            raise
+        if p.bad_range:
+            self._refuse_out_of_range(group)
+            return True
+        if not p.fits:
+            return False
+        # every earlier write-back in the host store before its rows are read (its own error: a
+        # write-back that did not land loses rows, and raises from here on)
+        self.transfers.write_backs.settle(keep=0)
+        self.trained |= any(b.train for b in group)
+        count = not any(b.counted for b in group)
+        try:
+            staging = self.transfers.stage(p.rows)
+            with st.use(st.plan):
+                lookup = planner.commit(p, self.seq, count)
+                ready = st.record_event(st.plan)
+            if p.misses:
+                evicted = p.evicted if self.trained else None
+                ready = self.transfers.copy_round(p.victim[: p.misses], staging, evicted, ready)
+        except BaseException as e:  # the device map may be half changed: nothing goes on
+            self.broken = e
+            raise
+        self.counters.placed(group, p, count, written=self.trained)
+        r = Round(list(group), self.seq, p.slot, ready)
+        self.rounds.append(r)
+        at = 0
+        for i, (b, n) in enumerate(zip(group, p.ids.lengths)):
+            b.lookup = lookup[i].reshape(-1) if lookup.dim() == 3 else lookup[at : at + n]
+            b.round, b.counted = r, True
+            at += n
+            b.signal(self.streams)
+        return True
+
+    def _refuse_out_of_range(self, group: list[WindowBatch]) -> None:
+        """The batches of ``group`` with an id outside its table fail with an error naming it
+        (read back: this is not the step's path); the others wait for another round."""
+        for b in group:
+            error = self.planner.range_error(b.kjt)
+            if error is not None:
+                self._fail(b, error)
+
+    def _unprepare(self, r: Round) -> None:
+        """``r``'s batches no longer hold their slots (given back to make room, or forgotten)."""
+        with self.streams.use(self.streams.plan):
+            self.planner.release(r.slots)
+        self.rounds.remove(r)
+        for b in r.batches:
+            b.round, b.lookup = None, None
+            if not b.finished:
+                b.ready.clear()
+
+    def _release_done(self) -> None:
+        for r in [r for r in self.rounds if r.done()]:
+            with self.streams.use(self.streams.plan):
+                self.planner.release(r.slots)
+            self.rounds.remove(r)
+
+    def _training_pending(self) -> bool:
+        """Placed training batches whose steps are still to come: their rows will change."""
+        return any(b.train for r in self.rounds for b in r.batches if not b.finished)
+
+    # -- failures ----------------------------------------------------------------------------
+    def _broken_error(self) -> BaseException | None:
+        """Once a placement failed part-way, the error every later batch and call gets: training
+        on must not use rows the device map and the host store no longer agree on."""
+        if self.broken is None:
             return None
         e = RuntimeError(
-            "freq_cache: a placement failed part-way, so the cache's bookkeeping no longer matches "
-            "its slots; restart from the last checkpoint (the cause is chained below)"
+            "freq_cache: a placement failed part-way, so the cache's device map no longer matches "
+            "its host store; restart from the last checkpoint (the cause is chained below)"
         )
-        e.__cause__ = self.placer.broken
+        e.__cause__ = self.broken
         return e
 
     def _fail(self, b: WindowBatch, e: BaseException) -> None:
@@ -52,145 +280,3 @@ class Window:
         if b in self.queue:
             self.queue.remove(b)
         b.signal(self.streams)
-
-    def prefetch(self, b: WindowBatch, analysis: object, adhoc: bool, ordered: Any) -> None:
-        if (broken := self.broken()) is not None:
-            self._fail(b, broken)
-            return
-        try:
-            if not isinstance(analysis, Analysis):
-                analysis = self.placer.analyze(b.kjt, self._host_values(b.kjt, ordered))
-            b.analysis = analysis
-            if analysis.bad:  # refused: the cache stays as it was, usable for other batches
-                raise self.placer.bad_id_error(analysis)
-        except BaseException as e:
-            b.error = e
-            b.signal(self.streams)
-            return
-        if not adhoc:
-            self.queue.append(b)
-            self._try_prepare()
-
-    def _host_values(self, kjt: KeyedJaggedTensor, ordered: Any) -> np.ndarray:
-        """A batch's ids on the host: its own memory, or (a device batch: ad hoc, or prefetched
-        without the loader's analysis) read back on the input stream after ``ordered``."""
-        values = kjt.values()
-        if values.device.type == "cpu":
-            return values.numpy()
-        st = self.streams
-        st.wait_event(st.input, ordered)
-        with st.use(st.input):
-            return values.cpu().numpy()
-
-    def demand(self, b: WindowBatch, train: bool) -> None:
-        """``b`` is forwarded next: placed now, whatever it takes."""
-        if b.error is None:
-            b.error = self.broken()
-        if b.error is not None:
-            self._fail(b, b.error)
-            return
-        if b in self.queue:
-            self.queue.remove(b)
-        if train and not b.train:  # prefetched under no_grad, trained on after all
-            b.train = True
-            if b.prepared:
-                self.placer.mark_dirty(b)
-        if not b.prepared:
-            try:
-                if not self.placer.prepare(b):
-                    # Give the window's space back (those batches are placed again later), retry.
-                    for q in self.queue:
-                        self._unprepare(q)
-                    b.needs_overflow = not self.placer.prepare(b)
-            except BaseException as e:
-                b.error = e
-        b.signal(self.streams)
-
-    def forwarded(self, b: WindowBatch, stall: float) -> None:
-        self.placer.counters.add("stall_s", stall)
-        self.placer.count_forwarded(b)  # only forwarded batches count (not cancelled ones)
-        b.indices, b.event = None, None
-        self.inflight.append(b)
-        self._try_prepare()  # batches deferred for lack of space
-
-    def add_stall(self, stall: float) -> None:
-        self.placer.counters.add("stall_s", stall)
-
-    def retire(self, event: Any) -> None:
-        self.transfers.retired(event)
-        for b in self.inflight:
-            if b.overflow is not None:
-                self.overflow.retire(b)
-            else:
-                self.placer.release(b)
-        self.inflight.clear()
-        self._try_prepare()
-
-    def cancel(self, gone: list[WindowBatch]) -> None:
-        for b in gone:
-            if b in self.queue:
-                self.queue.remove(b)
-            self._unprepare(b)
-        self._try_prepare()  # batches deferred behind the cancelled ones
-
-    def flush(self) -> None:
-        if (broken := self.broken()) is not None:
-            raise broken
-        tr, s = self.transfers, self.slots
-        tr.sync()
-        tr.write_backs.settle(keep=0)
-        dirty = s.dirty_slots()
-        if len(dirty):
-            tr.write_back_now(dirty, s.slot_row[dirty])
-            self.placer.counters.add("rows_written_back", len(dirty))
-        s.clean()
-        self._remark_queued()
-
-    def _remark_queued(self) -> None:
-        """Prefetched training batches were marked dirty when prepared; their steps are to come."""
-        for b in self.queue:
-            if b.prepared and b.train:
-                self.placer.mark_dirty(b)
-
-    def import_tables(self, state: dict[str, torch.Tensor]) -> None:
-        if (broken := self.broken()) is not None:
-            raise broken
-        self.transfers.write_backs.drop()
-        with self.streams.on_host():
-            self.store.load(state)
-        self.transfers.upload(*self.slots.resident())
-        self.slots.clean()
-        self._remark_queued()
-
-    def stats(self) -> dict[str, float]:
-        return self.placer.counters.report(self.row_bytes, self.placer.table_names)
-
-    def reset_stats(self) -> None:
-        self.placer.counters = Counters(len(self.placer.table_names))
-
-    def _unprepare(self, b: WindowBatch) -> None:
-        if b.prepared:
-            b.ready.clear()
-            self.placer.release(b)
-            b.indices, b.event = None, None
-
-    def _try_prepare(self) -> None:
-        """Prepare queued batches in order while they fit (FIFO: a deferred one blocks later ones)."""
-        if any(b.overflow is not None for b in self.inflight):
-            return  # its rows are outside the cache until it retires
-        for b in list(self.queue):
-            if b.prepared:
-                continue
-            try:
-                placed = self.placer.prepare(b)
-            except BaseException as e:  # this batch's forward raises it, the later ones the rest
-                self._fail(b, e)
-                for q in list(self.queue):
-                    self._fail(q, self.broken() or e)
-                return
-            if not placed:
-                if not b.deferred:
-                    b.deferred = True
-                    self.placer.counters.add("deferred_batches", 1)
-                return
-            b.signal(self.streams)
