@@ -233,12 +233,12 @@ def draw_bench(series: dict[str, Any], title: str, path: Path) -> Path:
         ax.set_xlim(
             0, max(series["ms_per_iter"]) * 1.75
         )  # room for the text beside the longest bar
-    else:  # kind=planning: the cache's own work per batch, by thread
+    else:  # kind=planning: the cache's own work per batch, by party
         h = 0.27
         for offset, key, label in (
-            (-h, "analyze_ms", "analysis (loader thread)"),
-            (0, "host_ms", "placement (planner, wall)"),
-            (h, "copy_ms", "copies after it (device)"),
+            (-h, "plan_ms", "plan (device ops and their reads)"),
+            (0, "staging_ms", "host staging (gather, landing, issue)"),
+            (h, "floor_ms", "floor (bare torch gather and scatter)"),
         ):
             bars = ax.barh([i + offset for i in y], series[key], h, label=label)
             for bar, ms in zip(bars, series[key]):
@@ -247,7 +247,7 @@ def draw_bench(series: dict[str, Any], title: str, path: Path) -> Path:
                 )
         ax.set_xlabel("milliseconds per batch")
         ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
-        ax.set_xlim(0, max(series["analyze_ms"] + series["host_ms"] + series["copy_ms"]) * 1.2)
+        ax.set_xlim(0, max(series["plan_ms"] + series["staging_ms"] + series["floor_ms"]) * 1.2)
     ax.set_yticks(
         list(y),
         [f"{v}\n(baseline)" if v == series.get("baseline") else v for v in labels],

@@ -32,11 +32,9 @@ from dlrm_cache.train.optim import dense_optimizer
 
 
 def _cfg(**kw):
-    kw = {"batch_size": 64, **kw}
+    kw = {"batch_size": 64, "iters": 3, "distinct_batches": 4, **kw}
     return OmegaConf.structured(
-        BenchConfig(
-            warmup=2, iters=3, distinct_batches=4, embedding_dim=8, device="cpu", figure=None, **kw
-        )
+        BenchConfig(warmup=2, embedding_dim=8, device="cpu", figure=None, **kw)
     )
 
 
@@ -46,7 +44,8 @@ def test_bench_embedding_compares_backends_in_one_run(tmp_path: Path):
         _cfg(
             kind="embedding",
             num_tables=3,
-            rows_per_table=500,
+            rows_per_table=5000,
+            distinct_batches=40,  # new rows every step: the window cannot hold them all
             backends=["host", "hbm", "freq_cache"],
             cache_ratios=[0.05, 0.2],
             output=str(out),
@@ -74,7 +73,9 @@ def test_bench_train_and_planning_kinds():
     )
     assert all(r["ms_per_iter"] > 0 for r in res)
     res = bench(_cfg(kind="planning", cardinality_scale=0.0002, cache_ratios=[0.05]))
-    assert res[0]["analyze_ms"] > 0 and res[0]["host_ms"] > 0 and 0 < res[0]["hit_rate"] <= 1
+    r = res[0]
+    assert r["plan_ms"] > 0 and r["staging_ms"] > 0 and r["floor_ms"] > 0 and 0 < r["hit_rate"] <= 1
+    assert r["staging_vs_floor"] == pytest.approx(r["staging_ms"] / r["floor_ms"])
 
 
 def test_bench_mlperf_hotness_counts_every_id_of_the_lists():
@@ -87,14 +88,17 @@ def test_bench_mlperf_hotness_counts_every_id_of_the_lists():
     assert all(r["ms_per_iter"] > 0 for r in res)
     cache = next(r for r in res if r["variant"].startswith("freq_cache"))
     sizes = [cache["stats"][f"accesses/{n}"] for n in SPARSE_NAMES]
-    assert sizes == [16 * 3 * h for h in MLPERF_MULTI_HOT_SIZES]  # 3 timed batches
-    res = bench(_cfg(kind="planning", **kw, cache_ratios=[0.05]))
-    assert res[0]["stats"]["accesses"] == 16 * 3 * sum(MLPERF_MULTI_HOT_SIZES)
+    # the freq_cache counts a batch when its round is placed (ahead of its step): whole batches
+    batches = sizes[0] / (16 * MLPERF_MULTI_HOT_SIZES[0])
+    assert batches >= 2 and sizes == [16 * batches * h for h in MLPERF_MULTI_HOT_SIZES]
+    # the planning kind counts the rounds placed while timed: two of two batches (look-ahead 3)
+    res = bench(_cfg(kind="planning", **kw, cache_ratios=[0.05], iters=4))
+    assert res[0]["stats"]["accesses"] == 16 * 4 * sum(MLPERF_MULTI_HOT_SIZES)
 
 
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     out = tmp_path / "plan.json"
-    emb = FreqCacheEmbeddingConfig(batch_size=256)
+    emb = FreqCacheEmbeddingConfig(batch_size=32)
     rows = plan(
         OmegaConf.structured(
             PlanConfig(
@@ -108,9 +112,11 @@ def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
     hits = [r["hit_rate"] for r in rows]
-    assert hits == sorted(hits) and 0 < hits[0] and hits[-1] <= 1
+    # more slots, more hits (a small ratio's window region may be sized past a larger one's)
+    by_size = [r["hit_rate"] for r in sorted(rows, key=lambda r: r["cache_rows"])]
+    assert by_size == sorted(by_size) and 0 < min(hits) and max(hits) <= 1
     expected = plan_table(
-        load_counts(processed_synth), [0.01, 0.05, 0.2], emb.static_fraction, emb.lookahead, 256
+        load_counts(processed_synth), [0.01, 0.05, 0.2], emb.static_fraction, emb.lookahead, 32
     )
     np.testing.assert_allclose(hits, [r["hit_rate"] for r in expected])
     assert [r["cache_rows"] for r in rows] == [r["cache_rows"] for r in expected]

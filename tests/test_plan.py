@@ -65,7 +65,10 @@ def test_plan_predicts_the_measured_hit_rate_per_table(processed_synth: Path, tm
         "plan", *common, f"ratios=[{ratio}]", f"output={out}", "figure=null", cwd=tmp_path
     )
     assert res.returncode == 0, res.stderr
-    assert f"window: {pinned_batches(FreqCacheEmbeddingConfig.lookahead)} batches of {batch}" in res.stdout
+    assert (
+        f"window: {pinned_batches(FreqCacheEmbeddingConfig.lookahead)} batches of {batch}"
+        in res.stdout
+    )
     (predicted,) = json.loads(out.read_text())
     # the cache plan describes is the one the run built
     assert predicted["cache_rows"] == measured["embedding_cache_rows"]

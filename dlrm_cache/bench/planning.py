@@ -1,6 +1,26 @@
-"""``bench kind=planning``: the freq_cache's host half per batch (analysis on the loader thread,
-placement on the planner thread, the copies it issues) with Criteo-Kaggle-shaped tables: what has
-to stay below the step time."""
+"""``bench kind=planning``: the freq_cache's own work per batch with Criteo-Kaggle-shaped tables, by
+party: the plan on the device, the host's staging of rows, the copies; and the floor the host's
+part is measured against, in the same run.
+
+Per timed batch, as in training (batch ``i`` is prefetched while batches ``i - lookahead .. i-1``
+hold their rows), the cache's counters give:
+
+* ``plan_ms``: the rounds' proposals and commits (plan.py) as the planner thread sees them: the
+  device ops and the two reads that wait for them (on a CPU device the ops run there);
+* ``staging_ms``: the host's part, what has to scale with the rows moved: the gather of the missed
+  rows into staging (``gather_ms``), the write-backs' scatter into the host store
+  (``landing_ms``, the write-back thread's on a GPU), and on a GPU issuing the copies
+  (``issue_ms``; on a CPU device issuing them is doing them, device work, reported as
+  ``copies_ms`` and left out);
+* ``floor_ms``: the same numbers of rows, the very rows each round moved in and out, gathered
+  from and scattered into the same host store by bare torch ops (``index_select``,
+  ``index_copy_``) on the same host threads: what moving those rows costs this machine at least.
+
+``staging_vs_floor`` is their ratio, the number that travels between machines (their memory
+systems differ by more than the code does).  After the timed batches, ``sync_count_batches`` more
+run with the training thread's calls (prefetch, forward) under :class:`HostSyncCounter`: the reads
+that would make it wait for the device.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +30,7 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -22,23 +43,8 @@ from .syncs import HostSyncCounter
 
 
 def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str, Any]]:
-    """kind=planning: the freq_cache's own cost per batch, by thread, for each cache ratio and
-    each value of ``planner_threads``.
-
-    Per timed batch: ``analyze`` (the loader thread's part on a GPU: global rows, range check,
-    static slots, distinct rows; on a CPU device the planner does it inside the placement), then
-    ``prefetch`` up to ``settle`` (the planner has placed the batch: lookups, victims, pins, the
-    host gather of its missing rows into staging, its copies issued), then a device synchronize
-    (the copies themselves).  ``host_ms``: the planner's host work per batch, the placement's wall
-    time less the time spent issuing device work (on a CPU device, doing it) and less the
-    write-backs' landing where it ran inline; ``land_ms``: the write-backs' landing (waiting for
-    the copy, scattering rows into the host store: the applier thread's work on a GPU); ``cpu_ms``:
-    the CPU time of the whole process over the placement; ``copy_ms``: the wait for the device
-    after it.  With the look-ahead window the placement of batch ``t + lookahead`` runs beside
-    step ``t``, so ``host_ms`` must stay below the step time, not add to it.  After the timed
-    batches, ``sync_count_batches`` more run with the training thread's calls (prefetch,
-    forward) under :class:`HostSyncCounter`: the reads that would make it wait for the device.
-    """
+    """kind=planning: the freq_cache's own cost per batch, for each cache ratio and each value of
+    ``planner_threads`` (see the module docstring)."""
     from ..embedding.freq_cache import FreqCacheBackend
 
     keys = [t.name for t in tables]
@@ -71,66 +77,89 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     return results
 
 
+class _Moved:
+    """The rows each round moved (recorded by wrapping the cache's staging and write-backs)."""
+
+    def __init__(self, emb) -> None:
+        self.rows_in: list[np.ndarray] = []
+        self.rows_out: list[np.ndarray] = []
+        self.on = False
+        tr = emb.transfers
+        stage, add = tr.stage, tr.write_backs.add
+
+        def staged(rows):
+            if self.on:
+                self.rows_in.append(np.array(rows))
+            return stage(rows)
+
+        def written(rows, records, event):
+            if self.on:
+                self.rows_out.append(np.array(rows))
+            return add(rows, records, event)
+
+        tr.stage, tr.write_backs.add = staged, written
+
+
+def _counters(emb) -> dict[str, float]:
+    tr = emb.transfers
+    return {
+        "plan": emb.planner.plan_s,
+        "gather": tr.stage_s,
+        "landing": tr.write_backs.scatter_s,
+        "issue": tr.issue_s,
+    }
+
+
 def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, Any]:
     timed_end = cfg.warmup + cfg.iters
     total = timed_end + cfg.sync_count_batches
     window: deque[KeyedJaggedTensor] = deque()
     counter, stats = HostSyncCounter(), None
-    t_an = t_host = t_cpu = t_copy = t_land = 0.0
-    tr, phases = emb.transfers, emb.placer.phase_s
-    phase0: dict[str, float] = {}
-    land0 = 0.0
+    moved = _Moved(emb)
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    wall = 0.0
     # as in training: batch i is prefetched while batches i-lookahead..i-1 hold their rows
     for i in range(total + cfg.lookahead):
         counted = timed_end <= i < total
-        if i == timed_end:
-            stats = emb.take_stats()  # the timed batches' counters
         if i == cfg.warmup:  # the timed batches start: their counters and clocks from here
             emb.settle()
             emb.reset_stats()
-            phase0 = {**phases, "gather": tr.gather_s, "issue": tr.issue_s}
-            land0 = tr.write_backs.land_s
-        if i < total:
-            kjt = host[i % len(host)].sparse
-            sync(device)  # the previous batch's forward is not this placement's time
-            t = time.perf_counter()
-            a = emb.analyze(kjt)
-            issue, land = tr.issue_s, tr.write_backs.land_s
-            t1, c1 = time.perf_counter(), time.process_time()
-            with counter if counted else contextlib.nullcontext():
-                emb.prefetch(kjt, a)
-            emb.settle()  # the planner thread placed it (prefetch only posts the batch)
-            t2, c2 = time.perf_counter(), time.process_time()
-            issue, land = tr.issue_s - issue, tr.write_backs.land_s - land
-            inline = land if tr.write_backs.inline else 0.0
+            before, moved.on, t0 = _counters(emb), True, time.perf_counter()
+        if i == timed_end:
+            emb.settle()
             sync(device)
-            t3 = time.perf_counter()
+            emb.transfers.write_backs.settle(keep=0)
+            wall = time.perf_counter() - t0
+            after, moved.on = _counters(emb), False
+            stats = emb.take_stats()  # the timed batches' counters
+        if i < total:
+            kjt, copied = _to_device(host[i % len(host)].sparse, emb.streams, device)
+            with counter if counted else contextlib.nullcontext():
+                emb.prefetch(kjt, copied)
             window.append(kjt)
-            if cfg.warmup <= i < timed_end:
-                t_an, t_cpu, t_copy = t_an + t1 - t, t_cpu + c2 - c1, t_copy + t3 - t2
-                t_host += (t2 - t1) - issue - inline
         if len(window) > cfg.lookahead or i >= total:
             with counter if counted else contextlib.nullcontext():
-                emb.forward(window.popleft().to(device))
+                emb.forward(window.popleft())
                 emb.step_done()
-        if i == timed_end - 1:
-            emb.settle()
-            phase1 = {**phases, "gather": tr.gather_s, "issue": tr.issue_s}
-            t_land = tr.write_backs.land_s - land0  # on its own thread (GPU) or inline (CPU)
     stats_all = emb.stats()
-    if stats is None:  # nothing ran after the timed batches
-        stats, stats_all = stats_all, {k: 0.0 for k in stats_all}
+    assert stats is not None  # iters >= 1
     n, ms = max(1, cfg.sync_count_batches), 1000 / cfg.iters
+    part = {k: (after[k] - before[k]) * ms for k in after}
+    asynchronous = emb.streams.asynchronous
+    staging = part["gather"] + part["landing"] + (part["issue"] if asynchronous else 0.0)
+    floor = _floor(emb, moved) * ms
     return {
         "planner_threads": emb.planner_threads,
-        "analyze_ms": t_an * ms,
-        "host_ms": t_host * ms,
-        "land_ms": t_land * ms,
-        # the placement's parts: waits for write-backs, bookkeeping (of which victims), staging
-        # fill and gather, issuing device work (on a CPU device: doing it)
-        "phase_ms": {k: (phase1[k] - phase0.get(k, 0.0)) * ms for k in phase1},
-        "cpu_ms": t_cpu * ms,
-        "copy_ms": t_copy * ms,
+        "plan_ms": part["plan"],
+        "staging_ms": staging,
+        "gather_ms": part["gather"],
+        "landing_ms": part["landing"],
+        "issue_ms": part["issue"] if asynchronous else 0.0,
+        "copies_ms": 0.0 if asynchronous else part["issue"],
+        "floor_ms": floor,
+        "staging_vs_floor": staging / floor if floor else float("nan"),
+        "wall_ms": wall * ms,
         "hit_rate": stats["hit_rate"],
         "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters,
         "rows_written_back_per_batch": stats["rows_written_back"] / cfg.iters,
@@ -142,19 +171,53 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
     }
 
 
+def _to_device(kjt: KeyedJaggedTensor, st, device: torch.device):
+    """``kjt`` copied to ``device`` on the input stream, as the pipeline does, with its event."""
+    if not st.asynchronous:
+        return kjt, None
+    with st.use(st.input):
+        kjt = kjt.to(device, non_blocking=True)
+    return kjt, st.record_event(st.input)
+
+
+def _floor(emb, moved: _Moved) -> float:
+    """Seconds of bare torch gathers and scatters of the rows the timed rounds moved, from and
+    into the cache's own host store (its values are written back as they were read), on the
+    cache's host threads."""
+    store, threads = emb.store.data, emb.store.threads
+    size = max([len(r) for r in moved.rows_in + moved.rows_out] + [1])
+    buf = torch.empty((size, store.shape[1]))
+
+    def gather(index: torch.Tensor) -> float:
+        t0 = time.perf_counter()
+        threads.split(
+            len(index), lambda a, b: torch.index_select(store, 0, index[a:b], out=buf[a:b])
+        )
+        return time.perf_counter() - t0
+
+    def scatter(index: torch.Tensor) -> float:
+        records = torch.index_select(store, 0, index)  # what is there: the store stays as it was
+        t0 = time.perf_counter()
+        threads.split(len(index), lambda a, b: store.index_copy_(0, index[a:b], records[a:b]))
+        return time.perf_counter() - t0
+
+    return sum(gather(torch.from_numpy(r)) for r in moved.rows_in) + sum(
+        scatter(torch.from_numpy(r)) for r in moved.rows_out
+    )
+
+
 def _print(r: dict[str, Any]) -> None:
     s = r["stats"]
     print(
-        f"  {r['variant']:<36} analysis {r['analyze_ms']:5.2f}  planner host work "
-        f"{r['host_ms']:5.2f}  write-backs landing {r['land_ms']:5.2f}  (ms/batch; process CPU "
-        f"{r['cpu_ms']:5.2f})  copies after it {r['copy_ms']:5.2f} ms  hit {r['hit_rate']:.4f}  "
-        f"rows in/out per batch "
+        f"  {r['variant']:<36} plan {r['plan_ms']:6.2f}  staging {r['staging_ms']:6.2f} "
+        f"(gather {r['gather_ms']:.2f} + landing {r['landing_ms']:.2f} + issue "
+        f"{r['issue_ms']:.2f})  floor {r['floor_ms']:6.2f}  staging/floor "
+        f"{r['staging_vs_floor']:.3f}  copies {r['copies_ms']:.2f} (ms/batch)  hit "
+        f"{r['hit_rate']:.4f}  rows in/out per batch "
         f"{r['rows_loaded_per_batch']:,.0f}/{r['rows_written_back_per_batch']:,.0f}  "
         f"deferred {s['deferred_batches']:.0f}  overflow {s['overflow_batches']:.0f}",
         flush=True,
     )
-    parts = "  ".join(f"{k} {v:.2f}" for k, v in r["phase_ms"].items())
-    print(f"  {'':<36} placement's parts (ms/batch): {parts}", flush=True)
     kinds = " ".join(f"{k} {v:g}" for k, v in r["host_syncs_by_kind"].items()) or "none"
     print(
         f"  {'':<36} training thread's host syncs per batch (prefetch+forward): {kinds}; "

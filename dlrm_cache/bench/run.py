@@ -7,9 +7,9 @@ failure policy); each kind of benchmark is a module of its own.
   Criteo-Kaggle-shaped tables, once per backend and (``precisions`` x ``compile``) setting; after
   the timed steps, ``warmup`` + ``iters`` more steps split into phases (bench/breakdown.py) give
   the step's breakdown.  Both: bench/steps.py.
-* ``kind=planning``: the freq_cache's host half per batch (analysis, placement, the copies it
-  issues) with Criteo-Kaggle-shaped tables, per ``planner_threads``: what has to stay below the
-  step time: bench/planning.py.
+* ``kind=planning``: the freq_cache's own work per batch (the plan on the device, the host's
+  staging of rows against its floor, the copies) with Criteo-Kaggle-shaped tables, per
+  ``planner_threads``: what has to stay below the step time: bench/planning.py.
 * ``kind=loader``: the input pipeline alone on a processed dataset (``data_path``): samples/s of
   batches ready for the step, through training's own path (shard stream, shuffle, rank share, KJT,
   pinned memory and device copy on a GPU), beside the rate of reading the same shards with parquet
@@ -121,19 +121,19 @@ def bench(cfg: DictConfig) -> list[dict[str, Any]]:
 
 def bench_series(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the bench figure draws: per variant that ran, ms/iter and speed against the baseline
-    (kind=planning: analysis, placement and copy ms per batch); the skipped ones with their
+    (kind=planning: plan, host staging and its floor, ms per batch); the skipped ones with their
     reason."""
     ran = [r for r in results if "error" not in r]
     out: dict[str, Any] = {
         "variant": [r["variant"] for r in ran],
         "skipped": [(r["variant"], r["error"]) for r in results if "error" in r],
     }
-    if ran and "analyze_ms" in ran[0]:
+    if ran and "staging_ms" in ran[0]:
         out.update(
             metric="planning",
-            analyze_ms=[r["analyze_ms"] for r in ran],
-            host_ms=[r["host_ms"] for r in ran],
-            copy_ms=[r["copy_ms"] for r in ran],
+            plan_ms=[r["plan_ms"] for r in ran],
+            staging_ms=[r["staging_ms"] for r in ran],
+            floor_ms=[r["floor_ms"] for r in ran],
         )
         return out
     speed_key = next((k for k in (ran[0] if ran else {}) if k.startswith("speed_vs_")), None)

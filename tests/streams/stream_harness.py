@@ -105,6 +105,8 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
         if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a is args[0]:
             return True
     return False
+
+
 _COPIES = (aten.copy_.default, aten._to_copy.default)
 
 

@@ -34,7 +34,7 @@ from dlrm_cache.train.loop import train
 STEPS = 12
 # issue 26, target 2: device ops per batch on the cache's streams (plan, while it exists, and copy)
 CACHE_OPS_PER_BATCH = 30
-CACHE_STREAMS = ("copy",)
+CACHE_STREAMS = ("plan", "copy")
 
 
 def _tracked(init):
@@ -146,15 +146,28 @@ def test_no_step_waits_for_the_cache(
     assert_clean(findings(rec))
 
 
-def test_the_cache_issues_at_most_30_device_ops_per_batch(monkeypatch, processed_synth, tmp_path):
-    """Issue 26, target 2: the cache's device work per batch is proportional to the batch, at most
+@pytest.mark.parametrize(
+    "data,sizing",
+    [
+        ("processed_synth", []),
+        # its ids are so concentrated that only a window smaller than the sized one misses rows
+        ("multi_hot_dataset", ["embedding.batch_size=0", "embedding.cache_ratio=0.7"]),
+    ],
+    ids=["one_hot", "multi_hot"],
+)
+def test_the_cache_issues_at_most_30_device_ops_per_batch(
+    monkeypatch, request, data, sizing, tmp_path
+):
+    """Issues 26 and 36, target 2: the cache's device work per batch is proportional to the batch, at most
     ``CACHE_OPS_PER_BATCH`` aten ops that touch memory on its streams, counted over the real loop's
     steady state (look-ahead 2).  Each training forward first lets the planner run every task
     posted so far (``settle``), so the ops between two forwards are exactly one batch's: its
     prefetch, demand, forward and retirement.
 
-    12 per batch on the copy stream with the cache planning on the host; at 6a65ee4, which
-    planned on the device, 99 (plan 92, copy 7; 111 with ``row_map=sorted``, a GPU's default)."""
+    Issue 36: the cache plans on the device in rounds of two batches: 23 ops per batch on the plan
+    stream and 3 on the copy stream with one id per sample and table, 25.75 and 3 with multi-hot
+    lists (measured 2026-11-28).  Before: 12 per batch on the copy stream with the cache planning
+    on the host; at 6a65ee4, which planned on the device per batch, 99 (plan 92, copy 7)."""
     marks: list[dict[str, int]] = []
     forward = FreqCacheBackend.forward
 
@@ -167,11 +180,14 @@ def test_the_cache_issues_at_most_30_device_ops_per_batch(monkeypatch, processed
     monkeypatch.setattr(FreqCacheBackend, "forward", marked)
     rec, summary = _record_training(
         monkeypatch,
-        processed_synth,
+        request.getfixturevalue(data),
         tmp_path / "run",
-        ["embedding.lookahead=2", "embedding.cache_ratio=0.05", "eval_batches=1"],
+        ["embedding.lookahead=2", "embedding.cache_ratio=0.05", "eval_batches=1", *sizing],
     )
     assert summary["steps"] == STEPS and len(marks) == STEPS
+    # the steady state: rows move every round, and none waits for space or overflows
+    assert summary["embedding_rows_loaded"] > 0
+    assert summary["embedding_deferred_batches"] == summary["embedding_overflow_batches"] == 0
     first, last = marks[3], marks[-1]  # the first batches warm the cache up
     per_batch = {s: (last[s] - first.get(s, 0)) / (STEPS - 4) for s in last}
     cache = sum(per_batch.get(s, 0) for s in CACHE_STREAMS)

@@ -161,14 +161,19 @@ class FreqCacheBackend(EmbeddingBackend):
         )
         object.__setattr__(self, "tbe", tbe)
         self.transfers = Transfers(
-            self.store, weights_view(tbe, self.dim), momentum_view(tbe, optim, self.dim), self.device
+            self.store,
+            weights_view(tbe, self.dim),
+            momentum_view(tbe, optim, self.dim),
+            self.device,
         )
         self.streams = self.transfers.streams
         sets = SetMap(self.geometry, self.store.scratch_row, self.device)
         scores = EvictionScores(policy, refresh_counts, flat_counts, self.device)
         row_off = self.store.row_offsets
         static_at = self.geometry.dynamic_slots + self.layout.static_offsets
-        params = TableParams(self.feature_names, row_off, self.layout.static_rows, static_at, self.device)
+        params = TableParams(
+            self.feature_names, row_off, self.layout.static_rows, static_at, self.device
+        )
         self.planner = RoundPlanner(sets, scores, params, self.streams)
         self.counters = Counters(self.feature_names, self.slot_bytes)
         self._overflow = OverflowPath(
@@ -235,7 +240,8 @@ class FreqCacheBackend(EmbeddingBackend):
         different tables; without them, their ranks do."""
         want = 2 * self.geometry.window_rows + 1024  # room for sets that fill up first
         per_table = [
-            np.arange(s, min(n, s + want)) for s, n in zip(self.layout.static_rows, np.diff(row_off))
+            np.arange(s, min(n, s + want))
+            for s, n in zip(self.layout.static_rows, np.diff(row_off))
         ]
         ranks = np.concatenate(per_table).astype(np.int64)
         rows = np.concatenate([off + r for off, r in zip(row_off[:-1], per_table)]).astype(np.int64)

@@ -33,7 +33,6 @@ class WindowBatch:
     lookup: torch.Tensor | None = None  # its ids' slots (device), once placed
     demanded: bool = False  # its forward waits for it: placed now, alone if need be
     deferred: bool = False  # did not fit when first tried (counted once)
-    counted: bool = False  # its accesses are in the counters
     forwarded: bool = False
     finished: bool = False  # retired, or forgotten before its forward
     overflow: Any = None  # the overflow path's state while it is in flight
@@ -51,13 +50,16 @@ class WindowBatch:
 
 @dataclasses.dataclass(eq=False)
 class Round:
-    """Batches placed together: their pins (``slots``, one per distinct key) and the event after
-    which their rows and lookups are on the device."""
+    """Batches placed together: their pins (``slots``, one per distinct key), the event after
+    which their rows and lookups are on the device, and what they are counted as once released."""
 
     batches: list[WindowBatch]
     seq: int
     slots: torch.Tensor
     event: Any
+    hits: torch.Tensor  # [R, T] on the device: each batch's ids served from the cache per table
+    distinct: int  # distinct rows outside the static region
+    distinct_hits: int  # of which resident before the round
 
     def done(self) -> bool:
         return all(b.finished for b in self.batches)

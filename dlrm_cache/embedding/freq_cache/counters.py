@@ -1,9 +1,10 @@
 """The cache's counters between two ``stats()`` calls: hits, row traffic, stalls, window events.
 
-A batch is counted once, when its round is first placed.  Its accesses per table are host numbers
-(the KJT's per-key lengths); its misses per table are counted on the device by the round's commit
-(``RoundPlanner.miss_counts``) and read back only when ``stats()`` is asked for, on the plan
-stream.  Distinct rows are the round's rows outside the static region.
+A batch is counted once it was forwarded, when its round's pins are released (all its batches
+retired): its accesses per table are host numbers (the KJT's per-key lengths); its hits per table
+were counted on the device by the round's commit and are added then (``RoundPlanner.count``), read
+back only when ``stats()`` is asked for, on the plan stream.  Distinct rows are a round's rows
+outside the static region.  Row traffic is counted when it is issued.
 """
 
 from __future__ import annotations
@@ -33,38 +34,39 @@ class Counters:
     def reset(self) -> None:
         self.c: dict[str, float] = dict.fromkeys(_COUNTS, 0)
         self.table_accesses = np.zeros(len(self.table_names), dtype=np.int64)
-        self.host_misses = np.zeros(len(self.table_names), dtype=np.int64)  # the overflow path's
+        self.host_hits = np.zeros(len(self.table_names), dtype=np.int64)  # the overflow path's
 
     def add(self, key: str, value: float) -> None:
         self.c[key] += value
 
-    def placed(self, batches: list[Any], p: Any, count: bool, written: bool) -> None:
-        """A round placed: its row traffic, and (``count``) its batches' accesses and distinct
-        rows (``p``: the plan's Proposal)."""
-        self.c["rows_loaded"] += p.misses
-        self.c["evictions"] += p.misses
+    def placed(self, misses: int, written: bool) -> None:
+        """A round placed: ``misses`` rows loaded into as many ways (``written``: what they held
+        written back)."""
+        self.c["rows_loaded"] += misses
+        self.c["evictions"] += misses
         if written:
-            self.c["rows_written_back"] += p.misses
-        if count:
-            for b in batches:
-                self.table_accesses += np.asarray(b.kjt.length_per_key(), dtype=np.int64)
-            static = int(p.has_static)
-            self.c["distinct"] += p.distinct - static
-            self.c["distinct_hits"] += p.distinct - static - p.misses
+            self.c["rows_written_back"] += misses
 
-    def overflowed(self, accesses: np.ndarray, misses: np.ndarray, distinct: int, hits: int) -> None:
+    def released(self, forwarded: list[Any], distinct: int, distinct_hits: int) -> None:
+        """A round released whose ``forwarded`` batches are counted (their hits: the device's)."""
+        for b in forwarded:
+            self.table_accesses += np.asarray(b.kjt.length_per_key(), dtype=np.int64)
+        if forwarded:
+            self.c["distinct"] += distinct
+            self.c["distinct_hits"] += distinct_hits
+
+    def overflowed(self, accesses: np.ndarray, hits: np.ndarray, distinct: int, dhits: int) -> None:
         """A batch served by the overflow path, counted on the host."""
         self.c["overflow_batches"] += 1
         self.table_accesses += accesses
-        self.host_misses += misses
+        self.host_hits += hits
         self.c["distinct"] += distinct
-        self.c["distinct_hits"] += hits
+        self.c["distinct_hits"] += dhits
 
-    def report(self, device_misses: np.ndarray) -> dict[str, float]:
-        """The counters as ``stats()`` reports them (``device_misses``: the plan's, read back)."""
+    def report(self, device_hits: np.ndarray) -> dict[str, float]:
+        """The counters as ``stats()`` reports them (``device_hits``: the plan's, read back)."""
         c = self.c
-        misses = device_misses + self.host_misses
-        hits = self.table_accesses - misses
+        hits = device_hits + self.host_hits
         acc, dist = int(self.table_accesses.sum()), c["distinct"]
         out: dict[str, float] = {}  # a rate of no accesses is left out (base.RATE_WEIGHTS)
         if acc:

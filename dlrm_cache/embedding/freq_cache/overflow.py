@@ -73,7 +73,7 @@ class OverflowPath:
         missed = slots < 0
         self.counters.overflowed(
             lpk,
-            np.bincount(t[inverse][missed[inverse]], minlength=len(lpk)),
+            np.bincount(t[inverse][~missed[inverse]], minlength=len(lpk)),
             int((~static).sum()),
             int((~static & ~missed).sum()),
         )

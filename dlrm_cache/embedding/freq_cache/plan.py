@@ -22,6 +22,7 @@ plan stream waits only for the batches' input copies.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ _FAIL, _HITS, _LO, _HI, _LAST, _ROWS = 0, 1, 2, 3, 4, 5
 class TableParams:
     """Per table, on the device: row offset, static rows, rows, static slot of rank 0 -- as
     ``[4, 1, T, 1]`` (broadcast over one-hot batches ``[R, T, B]``) and ``[T, 4]`` (gathered per id
-    of jagged ones); the bounds between tables (for counting misses per table)."""
+    of jagged ones, once per batch of a round: :meth:`cells`)."""
 
     def __init__(
         self,
@@ -56,9 +57,15 @@ class TableParams:
         self.rows = rows
         self.per_table = torch.from_numpy(table.T.copy()).to(device)  # [T, 4]
         self.broadcast = self.per_table.t().reshape(4, 1, -1, 1)
-        self.bounds = torch.from_numpy(row_offsets[1:-1].astype(np.int64)).to(device)
         self.device = device
+        self._cells: dict[int, torch.Tensor] = {}
         self._aranges: dict[torch.dtype, torch.Tensor] = {}
+
+    def cells(self, batches: int) -> torch.Tensor:
+        """``[batches * T, 4]``: the per-table rows once per batch of a round."""
+        if batches not in self._cells:
+            self._cells[batches] = self.per_table.repeat(batches, 1)
+        return self._cells[batches]
 
     def arange(self, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """``0..n-1`` (a view of a kept tensor)."""
@@ -78,6 +85,7 @@ class RoundIds:
     static_slot: torch.Tensor
     key: torch.Tensor  # plan keys, static ids: the dummy set's
     lengths: list[int]  # ids per batch (its slice of the flat order)
+    cell: torch.Tensor | None  # [N]: each id's batch * T + table (jagged rounds only)
 
 
 def uniform_batch(kjts: list[KeyedJaggedTensor]) -> int:
@@ -92,19 +100,25 @@ def uniform_batch(kjts: list[KeyedJaggedTensor]) -> int:
 
 
 def round_ids(
-    kjts: list[KeyedJaggedTensor], p: TableParams, sets: int, sent_key: int, readback: torch.Tensor
+    kjts: list[KeyedJaggedTensor],
+    p: TableParams,
+    sets: int,
+    sent_key: int,
+    readback: torch.Tensor,
+    streams: Any,
 ) -> RoundIds:
     """Step 1 (see the module docstring) for the round's batches ``kjts`` (their ids on the
     device); the range check's min and max (0 and 0 when every id is in range) go to
     ``readback``."""
     b = uniform_batch(kjts)
+    cell = None
     if b:
         parts = [k.values().view(p.num_tables, b) for k in kjts]
         values = parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(parts)
         off, static_rows, rows, static_at = p.broadcast
     else:
-        values, table = _jagged_tables(kjts, p)
-        off, static_rows, rows, static_at = p.per_table.index_select(0, table).unbind(1)
+        values, cell = _jagged_cells(kjts, p, streams)
+        off, static_rows, rows, static_at = p.cells(len(kjts)).index_select(0, cell).unbind(1)
     in_range = torch.div(values, rows, rounding_mode="floor")  # 0 for ids inside their table
     torch.aminmax(in_range, out=(readback[_LO], readback[_HI]))
     g = torch.add(values, off)
@@ -113,20 +127,23 @@ def round_ids(
     key.masked_fill_(static, sent_key)
     static_slot = torch.add(values, static_at)
     lengths = [int(k.values().numel()) for k in kjts]
-    return RoundIds(values, static, static_slot, key, lengths)
+    return RoundIds(values, static, static_slot, key, lengths, cell)
 
 
-def _jagged_tables(kjts: list[KeyedJaggedTensor], p: TableParams) -> tuple[torch.Tensor, Any]:
-    """Concatenated ids of jagged batches and each id's table (searched in each batch's per-table
-    starts, ``offsets[B::B]``: a view of the KJT's own offsets)."""
-    tables = []
-    for k in kjts:
-        n, b = k.values().numel(), k.stride()
-        starts = k.offsets()[b :: b][: p.num_tables - 1]
-        tables.append(torch.searchsorted(starts, p.arange(n, starts.dtype), right=True))
-    if len(kjts) == 1:
-        return kjts[0].values(), tables[0]
-    return torch.cat([k.values() for k in kjts]), torch.cat(tables)
+def _jagged_cells(
+    kjts: list[KeyedJaggedTensor], p: TableParams, streams: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenated ids of jagged batches and each id's cell (``batch * T + table``), repeated from
+    the batches' per-key lengths (host numbers: one copy of ``R * T`` of them to the device)."""
+    lengths = [n for k in kjts for n in k.length_per_key()]
+    with streams.on_host():
+        host = streams.pinned((len(lengths),), torch.int64)
+        host.numpy()[:] = lengths
+    counts = host.to(p.device, non_blocking=True, copy=True)
+    n = sum(lengths)
+    cell = torch.repeat_interleave(p.arange(len(lengths)), counts, output_size=n)
+    values = kjts[0].values() if len(kjts) == 1 else torch.cat([k.values() for k in kjts])
+    return values, cell
 
 
 @dataclasses.dataclass
@@ -170,7 +187,12 @@ class RoundPlanner:
         self.streams = streams
         self.geometry = sets.geometry
         self._readback = torch.zeros(1024, dtype=torch.int64, device=params.device)
-        self.miss_counts = torch.zeros(params.num_tables, dtype=torch.int64, device=params.device)
+        self._sent_key = torch.tensor(self.geometry.sent_key, device=params.device)
+        self.plan_s = 0.0  # wall time of proposals and commits (with their waits: device work)
+        # per table: the hits of forwarded batches (``count``), read back by ``stats()``
+        self.hit_counts = torch.zeros(params.num_tables, dtype=torch.int64, device=params.device)
+        self._settled = torch.zeros(0, dtype=torch.int64, device=params.device)
+        self._tables: dict[int, torch.Tensor] = {}
 
     def readback(self, ids: int) -> torch.Tensor:
         """The plan stream's readback buffer for a round of ``ids`` ids (kept: only the plan
@@ -183,12 +205,19 @@ class RoundPlanner:
 
     def propose(self, kjts: list[KeyedJaggedTensor], seq: int) -> Proposal:
         """Step 2, on the calling thread's current stream (the plan stream); waits for it."""
+        t0 = time.perf_counter()
+        try:
+            return self._propose(kjts, seq)
+        finally:
+            self.plan_s += time.perf_counter() - t0
+
+    def _propose(self, kjts: list[KeyedJaggedTensor], seq: int) -> Proposal:
         g, st, sets = self.geometry, self.streams, self.sets
         n = sum(int(k.values().numel()) for k in kjts)
         if n == 0:
             return self._empty(kjts)
         rb = self.readback(n)
-        ids = round_ids(kjts, self.params, g.sets, g.sent_key, rb)
+        ids = round_ids(kjts, self.params, g.sets, g.sent_key, rb, st)
         u, inverse, counts = torch.unique(
             ids.key, sorted=True, return_inverse=True, return_counts=True
         )
@@ -198,7 +227,7 @@ class RoundPlanner:
         hit, way = torch.eq(sets.keys2d[set_of], row.unsqueeze(1)).max(1)
         slot = torch.add(way, set_of, alpha=g.cols)  # a miss: its set's phantom
         self.scores.touch(sets.evict, slot, seq)
-        missed, order = torch.sort(torch.where(hit, g.sent_key, u))
+        missed, order = torch.sort(torch.where(hit, self._sent_key, u))
         miss_set = torch.bitwise_right_shift(missed, ROW_BITS)
         rank = torch.sub(self.params.arange(d), torch.searchsorted(miss_set, miss_set))
         rank.clamp_(max=g.cols - 1)
@@ -250,19 +279,52 @@ class RoundPlanner:
         """A proposal that does not hold: its hits' pins taken back (nothing else changed)."""
         self.scores.untouch(self.sets.evict, p.slot)
 
-    def commit(self, p: Proposal, seq: int, count: bool) -> torch.Tensor:
-        """Step 3 on the plan stream: the misses placed, each id's slot (``values``' shape)
-        returned; ``count``: the misses counted per table (the round's first placement)."""
+    def commit(self, p: Proposal, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 3 on the plan stream: the misses placed; each id's slot (``values``' shape) and
+        the round's hits (static or resident before it) per batch and table, ``[R, T]``, for
+        ``count`` once those batches are forwarded."""
+        t0 = time.perf_counter()
         sets, m = self.sets, p.misses
         victims, rows = p.victim[:m], self._readback[_ROWS : _ROWS + m]
         sets.keys.index_copy_(0, victims, rows)
         self.scores.admit(sets.evict, victims, rows, seq)
         p.slot.index_copy_(0, p.order[:m], victims)
         lookup = torch.where(p.ids.static, p.ids.static_slot, p.slot[p.inverse])
-        if count and m:
-            table = torch.searchsorted(self.params.bounds, rows, right=True)
-            self.miss_counts.index_add_(0, table, p.counts.index_select(0, p.order[:m]))
-        return lookup
+        hits = self._cell_hits(p)
+        self.plan_s += time.perf_counter() - t0
+        return lookup, hits
+
+    def _cell_hits(self, p: Proposal) -> torch.Tensor:
+        """Per batch and table, the ids served from the cache (static, or resident before the
+        round): ``[R, T]``."""
+        ids, t = p.ids, self.params.num_tables
+        settled = self._settled_buffer(ids.static.numel()).view(ids.static.shape)
+        torch.logical_or(p.hit[p.inverse], ids.static, out=settled)
+        if ids.cell is None:  # [R, T, B]
+            return settled.sum(-1)
+        batches = len(ids.lengths)
+        cells = torch.zeros(batches * t, dtype=torch.int64, device=self.params.device)
+        return cells.index_add_(0, ids.cell, settled).view(batches, t)
+
+    def _settled_buffer(self, n: int) -> torch.Tensor:
+        """The plan stream's int64 scratch for per-id flags (kept: only the plan stream uses it)."""
+        if self._settled.numel() < n:
+            size = max(n, 2 * self._settled.numel())
+            self._settled = torch.empty(size, dtype=torch.int64, device=self.params.device)
+        return self._settled[:n]
+
+    def count(self, hits: torch.Tensor, batches: list[int]) -> None:
+        """The hits of a round's forwarded ``batches`` (rows of its ``commit``'s ``[R, T]``) into
+        the per-table counts: one op when all of them were."""
+        t = self.params.num_tables
+        if len(batches) == hits.shape[0]:
+            r = len(batches)
+            if r not in self._tables:
+                self._tables[r] = self.params.arange(t).repeat(r)
+            self.hit_counts.index_add_(0, self._tables[r], hits.view(-1))
+            return
+        for i in batches:
+            self.hit_counts.add_(hits[i])
 
     def release(self, slots: torch.Tensor) -> None:
         """A round's pins (its distinct keys' slots) taken back: it retired, or was given back."""

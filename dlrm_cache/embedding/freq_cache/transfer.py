@@ -104,7 +104,7 @@ class Transfers:
         t0 = time.perf_counter()
         with self.streams.on_host():
             staging = self.streams.pinned((len(rows), self.cols), torch.float32)
-            self.store.gather(rows, staging.numpy())
+            self.store.gather(rows, staging)
         self.stage_s += time.perf_counter() - t0
         return staging
 

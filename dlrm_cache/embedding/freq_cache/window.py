@@ -53,6 +53,7 @@ class Window:
         self.rounds: list[Round] = []  # placed rounds holding pins
         self.trained = False  # a training batch was placed since the last flush
         self.seq = 0  # rounds planned (the lru policy's clock)
+        self._freed = True  # pins were released since a round last did not fit
         # a placement that failed part-way: the device map no longer matches the host store
         self.broken: BaseException | None = None
 
@@ -148,14 +149,14 @@ class Window:
         self.trained = self._training_pending()
 
     def stats(self) -> dict[str, float]:
-        with self.streams.use(self.streams.plan):  # counted by the plan stream's commits
-            misses = self.planner.miss_counts.cpu().numpy()
-        return self.counters.report(misses)
+        with self.streams.use(self.streams.plan):  # counted by the plan stream's ops
+            hits = self.planner.hit_counts.cpu().numpy()
+        return self.counters.report(hits)
 
     def reset_stats(self) -> None:
         self.counters.reset()
         with self.streams.use(self.streams.plan):
-            self.planner.miss_counts.zero_()
+            self.planner.hit_counts.zero_()
 
     # -- placement ---------------------------------------------------------------------------
     def _try_prepare(self) -> None:
@@ -165,9 +166,12 @@ class Window:
         if any(b.overflow is not None for b in self.inflight):
             return  # its rows are outside the cache until it retires
         waiting = [b for b in self.queue if b.round is None and b.error is None]
+        if waiting and waiting[0].deferred and not (self._freed or waiting[0].demanded):
+            return  # nothing was released since it did not fit: it still does not
         while waiting:
-            group = waiting[: self.round_batches]
-            if len(group) < self.round_batches and not group[0].demanded:
+            # training and evaluation batches are never placed together (each counts as its own)
+            group = [b for b in waiting[: self.round_batches] if b.train == waiting[0].train]
+            if len(waiting) < self.round_batches and not group[0].demanded:
                 return
             try:
                 placed = self._place(group)
@@ -181,6 +185,7 @@ class Window:
                     self._fail(b, self._broken_error() or e)
                 return
             if not placed:
+                self._freed = False
                 if not group[0].deferred:
                     group[0].deferred = True
                     self.counters.add("deferred_batches", 1)
@@ -211,11 +216,10 @@ class Window:
         # write-back that did not land loses rows, and raises from here on)
         self.transfers.write_backs.settle(keep=0)
         self.trained |= any(b.train for b in group)
-        count = not any(b.counted for b in group)
         try:
             staging = self.transfers.stage(p.rows)
             with st.use(st.plan):
-                lookup = planner.commit(p, self.seq, count)
+                lookup, hits = planner.commit(p, self.seq)
                 ready = st.record_event(st.plan)
             if p.misses:
                 evicted = p.evicted if self.trained else None
@@ -223,13 +227,14 @@ class Window:
         except BaseException as e:  # the device map may be half changed: nothing goes on
             self.broken = e
             raise
-        self.counters.placed(group, p, count, written=self.trained)
-        r = Round(list(group), self.seq, p.slot, ready)
+        self.counters.placed(p.misses, written=self.trained)
+        outside = p.distinct - int(p.has_static)  # distinct rows outside the static region
+        r = Round(list(group), self.seq, p.slot, ready, hits, outside, outside - p.misses)
         self.rounds.append(r)
         at = 0
         for i, (b, n) in enumerate(zip(group, p.ids.lengths)):
             b.lookup = lookup[i].reshape(-1) if lookup.dim() == 3 else lookup[at : at + n]
-            b.round, b.counted = r, True
+            b.round = r
             at += n
             b.signal(self.streams)
         return True
@@ -238,7 +243,8 @@ class Window:
         """The batches of ``group`` with an id outside its table fail with an error naming it
         (read back: this is not the step's path); the others wait for another round."""
         for b in group:
-            error = self.planner.range_error(b.kjt)
+            with self.streams.use(self.streams.plan):  # after the plan that found it
+                error = self.planner.range_error(b.kjt)
             if error is not None:
                 self._fail(b, error)
 
@@ -247,16 +253,24 @@ class Window:
         with self.streams.use(self.streams.plan):
             self.planner.release(r.slots)
         self.rounds.remove(r)
+        self._freed = True
         for b in r.batches:
             b.round, b.lookup = None, None
             if not b.finished:
                 b.ready.clear()
 
     def _release_done(self) -> None:
+        """Rounds whose batches all retired (or were forgotten): pins released, the forwarded
+        batches counted."""
         for r in [r for r in self.rounds if r.done()]:
+            forwarded = [i for i, b in enumerate(r.batches) if b.forwarded]
             with self.streams.use(self.streams.plan):
                 self.planner.release(r.slots)
+                if forwarded:
+                    self.planner.count(r.hits, forwarded)
+            self.counters.released([r.batches[i] for i in forwarded], r.distinct, r.distinct_hits)
             self.rounds.remove(r)
+            self._freed = True
 
     def _training_pending(self) -> bool:
         """Placed training batches whose steps are still to come: their rows will change."""
