@@ -1154,3 +1154,21 @@ def test_host_memory_check_counts_the_cache_bookkeeping():
     fc = cfg("dlrm_cache.embedding.freq_cache.FreqCacheBackend", policy="freq")
     with pytest.raises(ValueError, match=r"host_memory_gb: .* and the placement's bookkeeping"):
         check_host_memory(fc, tables, optim, torch.device("cpu"))
+
+
+def test_batches_without_ids_pass_through_and_are_counted():
+    """A multi-hot batch whose bags are all empty has no id to place: its round plans nothing,
+    its forward pools zeros, training around it still equals host, and its (no) accesses count."""
+    tables = make_tables([100, 200])
+    optim = SparseOptim("sgd", lr=0.1)
+    host, cache = pair(tables, optim, cache_ratio=0.2, policy="lru", lookahead=2)
+    empty = KeyedJaggedTensor.from_lengths_sync(
+        ["C1", "C2"], torch.zeros(0, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    )
+    rng = np.random.default_rng(0)
+    batches = [make_batch(rng, tables, 4, multi_hot={0, 1}) for _ in range(3)]
+    batches += [empty, empty] + [make_batch(rng, tables, 4, multi_hot={0, 1}) for _ in range(3)]
+    run_training(host, cache, batches, lookahead=2)
+    cache.step_done()
+    assert cache.stats()["accesses"] == sum(b.values().numel() for b in batches) > 0
+    assert_tables_equal(cache.export_tables(), host.export_tables())

@@ -254,7 +254,7 @@ class RoundPlanner:
     def _empty(self, kjts: list[KeyedJaggedTensor]) -> Proposal:
         """The proposal of a round without ids: nothing to look up, nothing to load."""
         none = torch.zeros(0, dtype=torch.int64, device=self.params.device)
-        ids = RoundIds(none, none.bool(), none, none, [0] * len(kjts), None)
+        ids = RoundIds(none, none.bool(), none, none, [0] * len(kjts), none)
         p = Proposal(ids, none, none, 0, none.bool(), none, none, none, np.zeros(_ROWS, np.int64))
         p.fits = True
         return p
