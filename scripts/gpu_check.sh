@@ -88,6 +88,8 @@ fi
 if want quick; then
     Q=/tmp/quick
     BUDGET=${QUICK_BUDGET:-390}
+    # the rates `train` runs at (hydra overrides); empty: the preset's own
+    TRAIN_RATES=${TRAIN_RATES:-}
     T0=$SECONDS
     # run "$@" with at most $1 seconds, and never past the budget; its output to $OUT/$2
     step() {
@@ -124,6 +126,10 @@ if want quick; then
     step 150 bench-train.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
         embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] uvm_algorithms=[lfu] \
         cache_ratios=[0.015,0.05] warmup=10 iters=30 output="$OUT/bench-train.json" figure=null
+    # issue 36: the bf16 step at 1.5% (hbm, uvm_cache, freq_cache)
+    step 50 bench-train-bf16.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
+        embedding_dim=128 batch_size=16384 backends=[hbm,uvm_cache,freq_cache] uvm_algorithms=[lfu] \
+        cache_ratios=[0.015] precisions=[bf16] warmup=10 iters=30 output="$OUT/bench-train-bf16.json" figure=null
     # issue 29: the DLRM-DCN step (MLPerf DLRM v2: model=dcn's layers), hbm against freq_cache at 1.5%
     step 60 bench-train-dcn.txt gpu python3 -m dlrm_cache bench kind=train cardinality_scale=1 \
         embedding_dim=128 batch_size=16384 interaction=dcn dcn_num_layers=3 dcn_low_rank_dim=512 \
@@ -134,11 +140,13 @@ if want quick; then
         embedding_dim=128 batch_size=16384 hotness=mlperf backends=[hbm,freq_cache] cache_ratios=[0.015] \
         warmup=5 iters=20 output="$OUT/bench-train-multihot.json" figure=null
     wait $DATA; echo "quick: data rc=$? at $((SECONDS - T0))s" | tee -a "$OUT/quick.txt"
-    for emb in hbm freq_cache; do
-        step 45 train-$emb.txt gpu python3 -m dlrm_cache train data.path=$Q/processed \
+    # issue 36: hbm twice with one seed (the spread), then freq_cache, at rates where this set trains
+    for run in hbm hbm2 freq_cache; do
+        emb=${run%2}
+        step 45 train-$run.txt gpu python3 -m dlrm_cache train data.path=$Q/processed \
             data.batch_size=16384 data.eval_batch_size=65536 model=mlperf embedding=$emb epochs=3 \
-            eval_batches=2 progress=false run_dir=$Q/run-$emb
-        cp $Q/run-$emb/summary.json "$OUT/train-$emb-summary.json" 2>/dev/null
+            eval_batches=2 progress=false run_dir=$Q/run-$run $TRAIN_RATES
+        cp $Q/run-$run/summary.json "$OUT/train-$run-summary.json" 2>/dev/null
     done
     step 50 bench-planning.txt gpu python3 -m dlrm_cache bench kind=planning cardinality_scale=1 \
         embedding_dim=128 batch_size=16384 cache_ratios=[0.015] planner_threads=[1,2,4] warmup=5 \

@@ -54,21 +54,23 @@ def main(out: Path) -> int:
     lines += _bench(
         _load(out, "bench-train-dcn.json"), "DLRM-DCN step (ms/iter, then its breakdown)"
     )
+    lines += _bench(_load(out, "bench-train-bf16.json"), "bf16 step (ms/iter, then its breakdown)")
     plan = _load(out, "bench-planning.json")
-    lines.append("freq_cache host half per batch (ms): threads analysis planner landing CPU")
+    lines.append("freq_cache per batch (ms): threads plan staging floor staging/floor")
     for r in plan or []:
         lines.append(
-            f"  {r['planner_threads']:>2}  {r['analyze_ms']:6.2f}  {r['host_ms']:6.2f}  "
-            f"{r['land_ms']:6.2f}  {r['cpu_ms']:6.2f}  (hit {r['hit_rate']:.3f}, "
+            f"  {r['planner_threads']:>2}  {r['plan_ms']:6.2f}  {r['staging_ms']:6.2f}  "
+            f"{r['floor_ms']:6.2f}  {r['staging_vs_floor']:.3f}  (hit {r['hit_rate']:.3f}, "
             f"{r['rows_loaded_per_batch']:,.0f} rows in)"
         )
-    runs = {e: _load(out, f"train-{e}-summary.json") for e in ("hbm", "freq_cache")}
+    runs = {e: _load(out, f"train-{e}-summary.json") for e in ("hbm", "hbm2", "freq_cache")}
     if all(runs.values()):
-        h, f = runs["hbm"], runs["freq_cache"]
+        h, h2, f = runs["hbm"], runs["hbm2"], runs["freq_cache"]
         lines.append(
             f"train: hbm {h['train_samples_per_s']:,.0f} samples/s, freq_cache "
             f"{f['train_samples_per_s']:,.0f} ({f['train_samples_per_s'] / h['train_samples_per_s']:.3f}x),"
-            f" AUC {h.get('val_auc')} / {f.get('val_auc')}, hit {f.get('embedding_hit_rate')}"
+            f" AUC hbm {h.get('val_auc')} and again {h2.get('val_auc')} (one seed: the spread),"
+            f" freq_cache {f.get('val_auc')}, hit {f.get('embedding_hit_rate')}"
         )
     else:
         lines.append(f"train: missing summary ({[e for e, r in runs.items() if not r]})")

@@ -88,12 +88,10 @@ def test_bench_mlperf_hotness_counts_every_id_of_the_lists():
     assert all(r["ms_per_iter"] > 0 for r in res)
     cache = next(r for r in res if r["variant"].startswith("freq_cache"))
     sizes = [cache["stats"][f"accesses/{n}"] for n in SPARSE_NAMES]
-    # the freq_cache counts a batch when its round is placed (ahead of its step): whole batches
-    batches = sizes[0] / (16 * MLPERF_MULTI_HOT_SIZES[0])
-    assert batches >= 2 and sizes == [16 * batches * h for h in MLPERF_MULTI_HOT_SIZES]
-    # the planning kind counts the rounds placed while timed: two of two batches (look-ahead 3)
-    res = bench(_cfg(kind="planning", **kw, cache_ratios=[0.05], iters=4))
-    assert res[0]["stats"]["accesses"] == 16 * 4 * sum(MLPERF_MULTI_HOT_SIZES)
+    assert sizes == [16 * 3 * h for h in MLPERF_MULTI_HOT_SIZES]  # 3 timed batches
+    res = bench(_cfg(kind="planning", **kw, cache_ratios=[0.05]))
+    accesses = res[0]["stats"]["accesses"]  # the batches forwarded while timed, every id of them
+    assert accesses > 0 and accesses % (16 * sum(MLPERF_MULTI_HOT_SIZES)) == 0
 
 
 def test_plan_predicts_from_the_stats(processed_synth: Path, tmp_path: Path):

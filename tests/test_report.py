@@ -279,9 +279,11 @@ def test_sweep_panels_are_the_summaries_and_the_plan(sweep, processed_synth):
     measured, predicted = panels["hit_rate"].lines
     assert measured.x == predicted.x == RATIOS
     assert measured.y == [x["embedding_hit_rate"] for x in summaries]
-    # plan's prediction for the cache each run had: its window sized for 3 batches of 256
+    # plan's prediction for the cache each run had: its window sized for batches of 256
+    lookahead = FreqCacheEmbeddingConfig.lookahead
     assert predicted.y == [
-        plan_table(load_counts(processed_synth), [r], 0.5, 2, 256)[0]["hit_rate"] for r in RATIOS
+        plan_table(load_counts(processed_synth), [r], 0.5, lookahead, 256)[0]["hit_rate"]
+        for r in RATIOS
     ]
     assert panels["rows_loaded"].lines[0].y == pytest.approx(
         [x["embedding_rows_loaded"] / x["steps"] for x in summaries]

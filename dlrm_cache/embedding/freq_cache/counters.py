@@ -1,10 +1,10 @@
 """The cache's counters between two ``stats()`` calls: hits, row traffic, stalls, window events.
 
-A batch is counted once it was forwarded, when its round's pins are released (all its batches
-retired): its accesses per table are host numbers (the KJT's per-key lengths); its hits per table
-were counted on the device by the round's commit and are added then (``RoundPlanner.count``), read
-back only when ``stats()`` is asked for, on the plan stream.  Distinct rows are a round's rows
-outside the static region.  Row traffic is counted when it is issued.
+A batch is counted when it is forwarded: its accesses per table are host numbers (the KJT's
+per-key lengths); its hits per table were counted on the device by its round's commit and are
+added to the totals then, on the plan stream (``RoundPlanner.count``), read back only when
+``stats()`` is asked for.  Distinct rows are a round's rows outside the static region, counted
+with its first batch forwarded.  Row traffic is counted when it is issued.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ class Counters:
         if written:
             self.c["rows_written_back"] += misses
 
-    def released(self, forwarded: list[Any], distinct: int, distinct_hits: int) -> None:
-        """A round released whose ``forwarded`` batches are counted (their hits: the device's)."""
-        for b in forwarded:
-            self.table_accesses += np.asarray(b.kjt.length_per_key(), dtype=np.int64)
-        if forwarded:
-            self.c["distinct"] += distinct
-            self.c["distinct_hits"] += distinct_hits
+    def forwarded(self, b: Any, distinct: tuple[int, int] | None) -> None:
+        """A batch forwarded: its accesses (its hits: the device's), and with the first of its
+        round, the round's ``distinct`` rows and of those resident."""
+        self.table_accesses += np.asarray(b.kjt.length_per_key(), dtype=np.int64)
+        if distinct is not None:
+            self.c["distinct"] += distinct[0]
+            self.c["distinct_hits"] += distinct[1]
 
     def overflowed(self, accesses: np.ndarray, hits: np.ndarray, distinct: int, dhits: int) -> None:
         """A batch served by the overflow path, counted on the host."""

@@ -127,13 +127,15 @@ class OverflowPath:
         if self.written_back:
             written = tr.slot_records(victims)
             tr.to_host(evicted, written)
+            self.counters.add("rows_written_back", len(slots))
         row_dev = tr.index(rows[chosen])
         p.sets.keys.index_copy_(0, victims, row_dev)
         p.scores.admit(p.sets.evict, victims, row_dev, 0)
         p.scores.untouch(p.sets.evict, victims)  # admitted, not pinned: nothing else is placed
         tr.to_slots(victims, tr.host_records(rows[chosen]))
         tr.sync()
-        self.counters.add("rows_loaded", int(free.sum()))
+        self.counters.add("rows_loaded", len(slots))
+        self.counters.add("evictions", len(slots))
         out[chosen] = slots
         return out
 

@@ -192,7 +192,6 @@ class RoundPlanner:
         # per table: the hits of forwarded batches (``count``), read back by ``stats()``
         self.hit_counts = torch.zeros(params.num_tables, dtype=torch.int64, device=params.device)
         self._settled = torch.zeros(0, dtype=torch.int64, device=params.device)
-        self._tables: dict[int, torch.Tensor] = {}
 
     def readback(self, ids: int) -> torch.Tensor:
         """The plan stream's readback buffer for a round of ``ids`` ids (kept: only the plan
@@ -282,7 +281,7 @@ class RoundPlanner:
     def commit(self, p: Proposal, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3 on the plan stream: the misses placed; each id's slot (``values``' shape) and
         the round's hits (static or resident before it) per batch and table, ``[R, T]``, for
-        ``count`` once those batches are forwarded."""
+        ``count`` as each batch is forwarded."""
         t0 = time.perf_counter()
         sets, m = self.sets, p.misses
         victims, rows = p.victim[:m], self._readback[_ROWS : _ROWS + m]
@@ -313,18 +312,10 @@ class RoundPlanner:
             self._settled = torch.empty(size, dtype=torch.int64, device=self.params.device)
         return self._settled[:n]
 
-    def count(self, hits: torch.Tensor, batches: list[int]) -> None:
-        """The hits of a round's forwarded ``batches`` (rows of its ``commit``'s ``[R, T]``) into
-        the per-table counts: one op when all of them were."""
-        t = self.params.num_tables
-        if len(batches) == hits.shape[0]:
-            r = len(batches)
-            if r not in self._tables:
-                self._tables[r] = self.params.arange(t).repeat(r)
-            self.hit_counts.index_add_(0, self._tables[r], hits.view(-1))
-            return
-        for i in batches:
-            self.hit_counts.add_(hits[i])
+    def count(self, hits: torch.Tensor, batch: int) -> None:
+        """Batch ``batch`` of a round forwarded: its hits (a row of the round's ``commit``'s
+        ``[R, T]``) into the per-table totals."""
+        self.hit_counts.add_(hits[batch])
 
     def release(self, slots: torch.Tensor) -> None:
         """A round's pins (its distinct keys' slots) taken back: it retired, or was given back."""

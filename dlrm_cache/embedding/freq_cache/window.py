@@ -94,6 +94,12 @@ class Window:
 
     def forwarded(self, b: WindowBatch, stall: float) -> None:
         self.counters.add("stall_s", stall)
+        r = b.round
+        if r is not None:  # counted now (the overflow path counted its own)
+            first = not any(x.forwarded for x in r.batches)
+            with self.streams.use(self.streams.plan):
+                self.planner.count(r.hits, r.batches.index(b))
+            self.counters.forwarded(b, (r.distinct, r.distinct_hits) if first else None)
         b.forwarded = True
         self.inflight.append(b)
         self._try_prepare()  # batches deferred for lack of space
@@ -260,15 +266,10 @@ class Window:
                 b.ready.clear()
 
     def _release_done(self) -> None:
-        """Rounds whose batches all retired (or were forgotten): pins released, the forwarded
-        batches counted."""
+        """Rounds whose batches all retired (or were forgotten): pins released."""
         for r in [r for r in self.rounds if r.done()]:
-            forwarded = [i for i, b in enumerate(r.batches) if b.forwarded]
             with self.streams.use(self.streams.plan):
                 self.planner.release(r.slots)
-                if forwarded:
-                    self.planner.count(r.hits, forwarded)
-            self.counters.released([r.batches[i] for i in forwarded], r.distinct, r.distinct_hits)
             self.rounds.remove(r)
             self._freed = True
 
