@@ -12,9 +12,10 @@ hold their rows), the cache's counters give:
   (``landing_ms``, the write-back thread's on a GPU), and on a GPU issuing the copies
   (``issue_ms``; on a CPU device issuing them is doing them, device work, reported as
   ``copies_ms`` and left out);
-* ``floor_ms``: the same numbers of rows, the very rows each round moved in and out, gathered
+* ``floor_ms``: the same numbers of rows as each round moved in and out (random ones), gathered
   from and scattered into the same host store by bare torch ops (``index_select``,
-  ``index_copy_``) on the same host threads: what moving those rows costs this machine at least.
+  ``index_copy_``) on the same host threads (:class:`_Floor`: beside each round on a CPU device,
+  at the end of the run with a GPU): what moving that many rows costs this machine at least.
 
 ``staging_vs_floor`` is their ratio, the number that travels between machines (their memory
 systems differ by more than the code does).  After the timed batches, ``sync_count_batches`` more
@@ -69,6 +70,9 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
                 planner_threads=threads,
                 counted_samples=COUNTED_SAMPLES,
             )
+            # as after import_tables in training: every page of the host store written once (a
+            # fresh allocation maps zero pages, and the first write to each would be timed)
+            emb.store.data.zero_()
             r = _run(cfg, emb, host, device)
             r["variant"] = f"freq_cache {ratio:.1%} {cfg.policy} threads={emb.planner_threads}"
             _print(r)
@@ -77,27 +81,64 @@ def planning(cfg: DictConfig, tables, batches, device, counts) -> list[dict[str,
     return results
 
 
-class _Moved:
-    """The rows each round moved (recorded by wrapping the cache's staging and write-backs)."""
+class _Floor:
+    """The floor of the host's part, measured beside the real work: after each timed round's
+    staging (and write-back), a bare torch gather (scatter) of as many random rows of the same
+    host store, on the same host threads.  On a CPU device right away, in the conditions the
+    round's own work met (its plan's ops ran on the same cores); with a GPU at the end of the run,
+    so that it does not compete with the write-back thread for the host's memory."""
 
-    def __init__(self, emb) -> None:
-        self.rows_in: list[np.ndarray] = []
-        self.rows_out: list[np.ndarray] = []
+    def __init__(self, emb, interleave: bool, seed: int) -> None:
+        self.store, self.threads = emb.store.data, emb.store.threads
+        self.rng = np.random.default_rng(seed)
+        self.interleave = interleave
+        self.counts: list[tuple[str, int]] = []  # ("in" | "out", rows), when not interleaved
+        self.seconds = 0.0
         self.on = False
         tr = emb.transfers
         stage, add = tr.stage, tr.write_backs.add
 
         def staged(rows):
-            if self.on:
-                self.rows_in.append(np.array(rows))
-            return stage(rows)
+            out = stage(rows)
+            self._moved("in", len(rows))
+            return out
 
         def written(rows, records, event):
-            if self.on:
-                self.rows_out.append(np.array(rows))
-            return add(rows, records, event)
+            out = add(rows, records, event)
+            self._moved("out", len(rows))
+            return out
 
         tr.stage, tr.write_backs.add = staged, written
+
+    def _moved(self, way: str, n: int) -> None:
+        if not self.on:
+            return
+        if self.interleave:
+            self.seconds += self._time(way, n)
+        else:
+            self.counts.append((way, n))
+
+    def finish(self) -> float:
+        """Seconds of the floor of the timed rounds."""
+        self.seconds += sum(self._time(way, n) for way, n in self.counts)
+        self.counts.clear()
+        return self.seconds
+
+    def _time(self, way: str, n: int) -> float:
+        store = self.store
+        index = torch.from_numpy(self.rng.integers(0, store.shape[0] - 1, n))
+        if way == "in":
+            buf = torch.empty((n, store.shape[1]))
+            t0 = time.perf_counter()
+            self.threads.split(
+                n, lambda a, b: torch.index_select(store, 0, index[a:b], out=buf[a:b])
+            )
+            return time.perf_counter() - t0
+        index = torch.unique(index)  # distinct, as a write-back's rows are
+        records = torch.index_select(store, 0, index)  # what is there: the store stays as it was
+        t0 = time.perf_counter()
+        self.threads.split(len(index), lambda a, b: store.index_copy_(0, index[a:b], records[a:b]))
+        return time.perf_counter() - t0
 
 
 def _counters(emb) -> dict[str, float]:
@@ -115,7 +156,7 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
     total = timed_end + cfg.sync_count_batches
     window: deque[KeyedJaggedTensor] = deque()
     counter, stats = HostSyncCounter(), None
-    moved = _Moved(emb)
+    floor = _Floor(emb, interleave=not emb.streams.asynchronous, seed=cfg.seed)
     before: dict[str, float] = {}
     after: dict[str, float] = {}
     wall = 0.0
@@ -125,13 +166,13 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
         if i == cfg.warmup:  # the timed batches start: their counters and clocks from here
             emb.settle()
             emb.reset_stats()
-            before, moved.on, t0 = _counters(emb), True, time.perf_counter()
+            before, floor.on, t0 = _counters(emb), True, time.perf_counter()
         if i == timed_end:
             emb.settle()
             sync(device)
             emb.transfers.write_backs.settle(keep=0)
             wall = time.perf_counter() - t0
-            after, moved.on = _counters(emb), False
+            after, floor.on = _counters(emb), False
             stats = emb.take_stats()  # the timed batches' counters
         if i < total:
             kjt, copied = _to_device(host[i % len(host)].sparse, emb.streams, device)
@@ -148,7 +189,7 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
     part = {k: (after[k] - before[k]) * ms for k in after}
     asynchronous = emb.streams.asynchronous
     staging = part["gather"] + part["landing"] + (part["issue"] if asynchronous else 0.0)
-    floor = _floor(emb, moved) * ms
+    floor_ms = floor.finish() * ms
     return {
         "planner_threads": emb.planner_threads,
         "plan_ms": part["plan"],
@@ -157,8 +198,8 @@ def _run(cfg: DictConfig, emb, host: list, device: torch.device) -> dict[str, An
         "landing_ms": part["landing"],
         "issue_ms": part["issue"] if asynchronous else 0.0,
         "copies_ms": 0.0 if asynchronous else part["issue"],
-        "floor_ms": floor,
-        "staging_vs_floor": staging / floor if floor else float("nan"),
+        "floor_ms": floor_ms,
+        "staging_vs_floor": staging / floor_ms if floor_ms else float("nan"),
         "wall_ms": wall * ms,
         "hit_rate": stats["hit_rate"],
         "rows_loaded_per_batch": stats["rows_loaded"] / cfg.iters,
@@ -178,32 +219,6 @@ def _to_device(kjt: KeyedJaggedTensor, st, device: torch.device):
     with st.use(st.input):
         kjt = kjt.to(device, non_blocking=True)
     return kjt, st.record_event(st.input)
-
-
-def _floor(emb, moved: _Moved) -> float:
-    """Seconds of bare torch gathers and scatters of the rows the timed rounds moved, from and
-    into the cache's own host store (its values are written back as they were read), on the
-    cache's host threads."""
-    store, threads = emb.store.data, emb.store.threads
-    size = max([len(r) for r in moved.rows_in + moved.rows_out] + [1])
-    buf = torch.empty((size, store.shape[1]))
-
-    def gather(index: torch.Tensor) -> float:
-        t0 = time.perf_counter()
-        threads.split(
-            len(index), lambda a, b: torch.index_select(store, 0, index[a:b], out=buf[a:b])
-        )
-        return time.perf_counter() - t0
-
-    def scatter(index: torch.Tensor) -> float:
-        records = torch.index_select(store, 0, index)  # what is there: the store stays as it was
-        t0 = time.perf_counter()
-        threads.split(len(index), lambda a, b: store.index_copy_(0, index[a:b], records[a:b]))
-        return time.perf_counter() - t0
-
-    return sum(gather(torch.from_numpy(r)) for r in moved.rows_in) + sum(
-        scatter(torch.from_numpy(r)) for r in moved.rows_out
-    )
 
 
 def _print(r: dict[str, Any]) -> None:

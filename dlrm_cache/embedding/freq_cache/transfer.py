@@ -184,7 +184,7 @@ class Transfers:
         host.copy_(records, non_blocking=True)
         st.host_wait(st.record_event(st.current_stream()))
         with st.on_host():
-            self.store.scatter(rows, host.numpy())
+            self.store.scatter(rows, host)
 
     def index(self, ids: np.ndarray) -> torch.Tensor:
         """Host int ids as an int64 device tensor (through a staging buffer)."""

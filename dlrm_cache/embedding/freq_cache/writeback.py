@@ -87,7 +87,7 @@ class WriteBacks:
             self.streams.host_wait(wb.event)
             t1 = time.perf_counter()
             with self.streams.on_host():
-                self.store.scatter(wb.rows, wb.records.numpy())
+                self.store.scatter(wb.rows, wb.records)
             self.scatter_s += time.perf_counter() - t1
             wb.known = self.streams.host_knowledge()
         except BaseException as e:
