@@ -28,7 +28,7 @@ from dlrm_cache.embedding.freq_cache.layout import (
     cache_layout,
     pinned_batches,
 )
-from dlrm_cache.embedding.freq_cache.sets import PIN, Geometry
+from dlrm_cache.embedding.freq_cache.sets import PHANTOM, PIN, Geometry
 from dlrm_cache.parallel.placement import plan_placement
 
 DIM = 8
@@ -1172,3 +1172,29 @@ def test_batches_without_ids_pass_through_and_are_counted():
     cache.step_done()
     assert cache.stats()["accesses"] == sum(b.values().numel() for b in batches) > 0
     assert_tables_equal(cache.export_tables(), host.export_tables())
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "freq"])
+def test_misses_and_refused_plans_leave_the_phantom_ways_as_they_were(policy):
+    """Every miss looks its row up in its set's phantom way (column 0): its eviction key must stay
+    PHANTOM, which keeps it from ever being chosen, however many misses, deferrals and refused
+    plans there are (a phantom chosen as a victim writes row -1 back).  A cache too small for its
+    window defers and overflows every batch: many refusals."""
+    tables = make_tables()
+    counts = make_counts(tables) if policy == "freq" else None
+    host, cache = pair(
+        tables,
+        SparseOptim("sgd", lr=0.1),
+        cache_ratio=0.05,
+        policy=policy,
+        lookahead=2,
+        batch_size=0,
+        counts=counts,
+    )
+    rng = np.random.default_rng(1)
+    run_training(host, cache, [make_batch(rng, tables, 512) for _ in range(12)], 2)
+    s = cache.stats()
+    assert s["deferred_batches"] > 0 and s["overflow_batches"] > 0  # refusals happened
+    cache.settle()
+    phantoms = cache.planner.sets.evict2d[:-1, 0]
+    assert bool((phantoms == PHANTOM).all()), sorted(set(((phantoms - PHANTOM) // PIN).tolist()))

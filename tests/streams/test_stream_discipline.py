@@ -23,9 +23,12 @@ import torch
 from stream_harness import RecordingStreams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "embedding"))
 from launching import launch_ranks
+from test_freq_cache import make_batch, make_tables, random_state  # noqa: E402
 from test_train import base_overrides, compose_train  # noqa: E402
 
+from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
 from dlrm_cache.streams import streams_for, streams_override
 from dlrm_cache.train import build, metrics
@@ -164,8 +167,8 @@ def test_the_cache_issues_at_most_30_device_ops_per_batch(
     posted so far (``settle``), so the ops between two forwards are exactly one batch's: its
     prefetch, demand, forward and retirement.
 
-    Issue 36: the cache plans on the device in rounds of two batches: 23 ops per batch on the plan
-    stream and 3 on the copy stream with one id per sample and table, 25.75 and 3 with multi-hot
+    Issue 36: the cache plans on the device in rounds of two batches: 24 ops per batch on the plan
+    stream and 3 on the copy stream with one id per sample and table, 26.75 and 3 with multi-hot
     lists (measured 2026-11-28).  Before: 12 per batch on the copy stream with the cache planning
     on the host; at 6a65ee4, which planned on the device per batch, 99 (plan 92, copy 7)."""
     marks: list[dict[str, int]] = []
@@ -304,3 +307,41 @@ def test_no_step_waits_for_the_cache_sharded_over_two_gloo_ranks(processed_synth
             for check, items in out[rank]["findings"].items()
         }
     )
+
+
+@pytest.mark.parametrize("how", ["cancelled", "eval_first"])
+def test_a_round_that_loads_nothing_is_ready_after_the_copies_that_load_its_rows(how):
+    """A round whose ids all hit may hit rows an earlier round's copy is still landing: a round
+    whose batch was cancelled (its rows stay resident), or a training round queued behind an
+    evaluation batch that is forwarded first.  The step must be ordered after those copies: the
+    recorder tracks the slot rows and finds the copy stream's write and the step's read
+    unordered when the round's ready event is the plan stream's alone."""
+    tables = make_tables()
+    optim = SparseOptim("rowwise_adagrad", lr=0.1)
+    with streams_override(RecordingStreams):
+        rec = streams_for("cpu")
+        cache = FreqCacheBackend(
+            tables, optim, device="cpu", cache_ratio=0.05, policy="lru", lookahead=1
+        )
+        for t in (cache.transfers.cache_w, cache.transfers.cache_m):
+            rec.track_rows(t)
+        cache.import_tables(random_state(tables, optim))
+        b = make_batch(np.random.default_rng(0), tables, 128)
+        with rec.activate():
+            cache.prefetch(b)
+            cache.settle()
+            loaded = cache.stats()["rows_loaded"]
+            if how == "cancelled":
+                cache.cancel_prefetch()
+                cache.prefetch(b)
+                cache.settle()
+                rec.handed_to_step()
+                cache(b)
+            else:
+                with torch.no_grad():  # the same ids, as an evaluation batch
+                    cache.prefetch(b)
+                    cache.settle()
+                    rec.handed_to_step()
+                    cache(b)
+            assert loaded > 0 and cache.stats()["rows_loaded"] == loaded  # the second loads none
+    assert rec.races == []

@@ -54,6 +54,7 @@ class OverflowPath:
         self.dim = dim
         self.device = device
         self.written_back = False  # training happened: evicted rows go back to the host store
+        self.seq = 0  # the round number the window gives the batch (lru's clock)
 
     def forward(self, b: WindowBatch, features: KeyedJaggedTensor, lr: float) -> torch.Tensor:
         p, tr = self.planner, self.transfers
@@ -78,6 +79,7 @@ class OverflowPath:
             int((~static & ~missed).sum()),
         )
         with st.use(st.plan):
+            self._used(slots[~missed & ~static])
             slots[missed] = self._admit(rows[missed], slots[~missed & ~static])
         optim = dataclasses.replace(self.optim, lr=lr)
         tbe = make_tbe([len(rows)], self.dim, optim, self.device, feature_table_map=[0] * len(lpk))
@@ -100,6 +102,16 @@ class OverflowPath:
         match = keys[rows % g.sets] == rows[:, None]
         col = match.argmax(axis=1)
         return np.where(match.any(axis=1), (rows % g.sets) * g.cols + col, -1)
+
+    def _used(self, slots: np.ndarray) -> None:
+        """The batch's resident rows (``slots``) scored as used by it (a touch and its pins taken
+        back: the batch is not a round, nothing holds them)."""
+        if not len(slots):
+            return
+        p, index = self.planner, self.transfers.index(slots)
+        every = torch.ones(len(slots), dtype=torch.bool, device=index.device)
+        p.scores.touch(p.sets.evict, index, every, self.seq)
+        p.scores.untouch(p.sets.evict, index, every)
 
     @torch.no_grad()
     def _admit(self, rows: np.ndarray, held: np.ndarray) -> np.ndarray:
@@ -130,7 +142,7 @@ class OverflowPath:
             self.counters.add("rows_written_back", len(slots))
         row_dev = tr.index(rows[chosen])
         p.sets.keys.index_copy_(0, victims, row_dev)
-        p.scores.admit(p.sets.evict, victims, row_dev, 0)
+        p.scores.admit(p.sets.evict, victims, row_dev, self.seq)
         p.scores.untouch(p.sets.evict, victims)  # admitted, not pinned: nothing else is placed
         tr.to_slots(victims, tr.host_records(rows[chosen]))
         tr.sync()

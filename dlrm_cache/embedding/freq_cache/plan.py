@@ -186,7 +186,8 @@ class RoundPlanner:
         self.params = params
         self.streams = streams
         self.geometry = sets.geometry
-        self._readback = torch.zeros(1024, dtype=torch.int64, device=params.device)
+        # allocated by ``readback`` on the plan stream, the only one that uses it
+        self._readback = torch.zeros(0, dtype=torch.int64, device=params.device)
         self._sent_key = torch.tensor(self.geometry.sent_key, device=params.device)
         self.plan_s = 0.0  # wall time of proposals and commits (with their waits: device work)
         # per table: the hits of forwarded batches (``count``), read back by ``stats()``
@@ -198,7 +199,7 @@ class RoundPlanner:
         stream touches it)."""
         n = _ROWS + 2 * ids
         if self._readback.numel() < n:
-            size = max(n, 2 * self._readback.numel())
+            size = max(n, 2 * self._readback.numel(), 1024)
             self._readback = torch.zeros(size, dtype=torch.int64, device=self.params.device)
         return self._readback
 
@@ -225,7 +226,7 @@ class RoundPlanner:
         row = torch.bitwise_and(u, ROW_MASK)
         hit, way = torch.eq(sets.keys2d[set_of], row.unsqueeze(1)).max(1)
         slot = torch.add(way, set_of, alpha=g.cols)  # a miss: its set's phantom
-        self.scores.touch(sets.evict, slot, seq)
+        self.scores.touch(sets.evict, slot, hit, seq)
         missed, order = torch.sort(torch.where(hit, self._sent_key, u))
         miss_set = torch.bitwise_right_shift(missed, ROW_BITS)
         rank = torch.sub(self.params.arange(d), torch.searchsorted(miss_set, miss_set))
@@ -276,7 +277,7 @@ class RoundPlanner:
 
     def refuse(self, p: Proposal) -> None:
         """A proposal that does not hold: its hits' pins taken back (nothing else changed)."""
-        self.scores.untouch(self.sets.evict, p.slot)
+        self.scores.untouch(self.sets.evict, p.slot, p.hit)
 
     def commit(self, p: Proposal, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3 on the plan stream: the misses placed; each id's slot (``values``' shape) and

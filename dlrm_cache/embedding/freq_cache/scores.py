@@ -89,18 +89,26 @@ class EvictionScores:
         return sum(p.nbytes for p in parts if p is not None)
 
     # -- ops on the plan stream ------------------------------------------------------------
-    def touch(self, evict: torch.Tensor, slots: torch.Tensor, seq: int) -> None:
-        """A live round uses ``slots``: pinned (and scored as used)."""
+    def touch(self, evict: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor, seq: int) -> None:
+        """A live round uses ``slots`` where ``hit`` (distinct slots there): pinned and scored
+        as used.  Elsewhere (a miss: its set's phantom, repeated) nothing changes, so a phantom's
+        key stays what keeps it from being chosen, however many misses and refusals there are."""
         if self.policy == "lru":
             old = evict.index_select(0, slots)
             used = torch.bitwise_and(old, -PIN).add_(PIN + seq)
-            evict.index_copy_(0, slots, used)
+            evict.index_copy_(0, slots, torch.where(hit, used, old))
             return
-        evict.index_add_(0, slots, self.adds(len(slots), self.touch_add))
+        evict.index_add_(0, slots, torch.mul(self.adds(len(slots), self.touch_add), hit))
 
-    def untouch(self, evict: torch.Tensor, slots: torch.Tensor) -> None:
-        """The pins of ``touch`` (or of admission) taken back: a release or a refused plan."""
-        evict.index_add_(0, slots, self.adds(len(slots), -PIN))
+    def untouch(
+        self, evict: torch.Tensor, slots: torch.Tensor, hit: torch.Tensor | None = None
+    ) -> None:
+        """The pins of ``touch`` (``hit``: the same mask) or of admission (None: every slot)
+        taken back: a release or a refused plan."""
+        if hit is None:
+            evict.index_add_(0, slots, self.adds(len(slots), -PIN))
+        else:
+            evict.index_add_(0, slots, torch.mul(self.adds(len(slots), -PIN), hit))
 
     def admit(self, evict: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, seq: int) -> None:
         """``rows`` now live in ``slots``, pinned once by the round that loads them."""

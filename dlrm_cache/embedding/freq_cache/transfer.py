@@ -136,6 +136,14 @@ class Transfers:
             self.write_backs.add(evicted, *written)
         return ready
 
+    def after_copies(self, after: Any) -> Any:
+        """An event after ``after`` and every copy issued so far (the copy stream runs in order):
+        a round that loads nothing is ready once the rows earlier rounds load have landed."""
+        st = self.streams
+        with st.use(st.copy):
+            st.wait_event(st.copy, after)
+            return st.record_event(st.copy)
+
     def upload(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Fill ``slots`` with ``rows`` from the host store (a whole region: start-up, import),
         in chunks, ordered after the last retirement; the device is synchronized on return."""

@@ -88,6 +88,8 @@ class Window:
         if b.needs_overflow:  # the overflow path writes back what it evicts once rows change
             self.trained |= b.train
             self.overflow.written_back = self.trained
+            self.seq += 1  # its admissions are a round of their own to lru's clock
+            self.overflow.seq = self.seq
         if b in self.queue:
             self.queue.remove(b)
         b.signal(self.streams)
@@ -230,6 +232,8 @@ class Window:
             if p.misses:
                 evicted = p.evicted if self.trained else None
                 ready = self.transfers.copy_round(p.victim[: p.misses], staging, evicted, ready)
+            else:  # its hits may be rows an earlier round's copies are still landing
+                ready = self.transfers.after_copies(ready)
         except BaseException as e:  # the device map may be half changed: nothing goes on
             self.broken = e
             raise
