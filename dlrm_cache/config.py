@@ -88,7 +88,9 @@ class DenseOptimConfig:
 class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
-    warmup_steps: int = checked(0, ge=0)  # linear warm-up of both learning rates
+    # linear warm-up of both learning rates: Adagrad's first steps move every weight by about the
+    # rate, whatever its gradient, which diverges wide layers and summed multi-hot lists
+    warmup_steps: int = checked(100, ge=0)
     decay_start: int = checked(
         0, ge=0
     )  # step where the polynomial (power 2) decay to 0 starts (MLPerf DLRM schedule)

@@ -111,6 +111,22 @@ def processed_synth(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def processed_synth_multi_hot(processed_synth: Path, tmp_path_factory) -> Path:
+    """processed_synth with MLPerf DLRM v2's multi-hot list sizes (`preprocess input=<processed_synth>
+    multi_hot_sizes=mlperf`), written once, read only."""
+    from dlrm_cache.data.config import PreprocessConfig
+    from dlrm_cache.data.preprocess import preprocess
+
+    out = tmp_path_factory.mktemp("synth_mh") / "processed"
+    preprocess(
+        PreprocessConfig(
+            input=str(processed_synth), output=str(out), multi_hot_sizes="mlperf", progress=False
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
 def multi_hot_dataset(tmp_path_factory) -> Path:
     """A small processed multi-hot dataset (tests/multihot_data.py), written once, read only."""
     from multihot_data import write_multi_hot

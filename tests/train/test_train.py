@@ -25,6 +25,7 @@ SMALL = [
     "log_every=2",
     "optim.sparse.lr=0.1",
     "optim.dense.lr=0.05",
+    "optim.warmup_steps=0",  # tuned for tens of steps: the full rates from the first
 ]
 
 
@@ -48,6 +49,7 @@ def base_overrides(data: Path, run_dir: Path) -> list[str]:
         "log_every=10",
         "optim.sparse.lr=0.1",
         "optim.dense.lr=0.05",
+        "optim.warmup_steps=0",
     ]
 
 
