@@ -5,7 +5,6 @@ data streams and the run directory's log; and restoring a checkpoint into it."""
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from ..data.format import Manifest
 from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape
-from ..model.dlrm import DLRM, dense_shapes
+from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
@@ -28,7 +27,8 @@ from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
 from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import eval_batches, evaluate
-from .optim import build_dense_optimizer, dense_state_floats, load_dense_state
+from .optim import build_dense_optimizer, load_dense_state
+from .preflight import check_dense_memory
 from .resume import open_resume
 from .saved import Checkpoint
 from .signals import StopAgreement
@@ -101,48 +101,6 @@ def check_host_memory(
             f"(x{copies} while they are initialized) and the placement's bookkeeping "
             f"{extra / 2**30:.2f} GiB, but {budget / 2**30:.2f} GiB of host memory are available; use more processes (torchrun shards the tables), a smaller "
             "model.embedding_dim, preprocess with hash_modulus, or set host_memory_gb if the estimate is wrong"
-        )
-
-
-def device_bytes(device: torch.device, local_ranks: int) -> float:
-    """Free memory where a rank's dense part lives: the GPU's, or the host's shared by its ranks."""
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    return available_host_bytes(local_ranks)
-
-
-def check_dense_memory(
-    cfg: DictConfig, manifest: Manifest, device: torch.device, info: DistInfo
-) -> None:
-    """Fail before allocating when the MLPs, their gradients and their optimizer state cannot fit
-    where they live (every rank holds all of them), naming the layer keys that hold the most."""
-    shapes = dense_shapes(
-        len(manifest.dense_names),
-        len(manifest.sparse_names),
-        cfg.model.embedding_dim,
-        list(cfg.model.bottom_mlp),
-        list(cfg.model.top_mlp),
-        cross_shape(cfg.model),
-    )
-    per_key = {
-        key: sum(math.prod(s) for k, s in shapes.items() if k.startswith(part + "."))
-        for key, part in (
-            ("model.bottom_mlp", "dense_arch"),
-            ("model.dcn_low_rank_dim", "inter_arch"),
-            ("model.top_mlp", "over_arch"),
-        )
-    }
-    params = sum(math.prod(s) for s in shapes.values())
-    o = cfg.optim.dense
-    need = 4 * params * (2 + dense_state_floats(o.name, o.momentum))  # weight, gradient, state
-    have = device_bytes(device, info.local_world_size)
-    if need > have:
-        keys = [k for k, n in sorted(per_key.items(), key=lambda kv: -kv[1]) if n >= params / 10]
-        raise ValueError(
-            ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in keys)
-            + f": the dense layers' {params:,} parameters take {need / 2**30:.2f} GiB with their "
-            f"gradients and optim.dense.name={o.name} state, but {have / 2**30:.2f} GiB of "
-            f"{'GPU' if device.type == 'cuda' else 'host'} memory are available; use smaller layers"
         )
 
 
