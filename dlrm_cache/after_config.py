@@ -27,8 +27,8 @@ class OutputFormat(Choice):
 class TrainedConfig:
     """What `predict` and `export` read: a trained run, and the dataset it was trained on."""
 
-    # a run directory (its final checkpoint: the newest its metrics.jsonl records) or one
-    # checkpoint (checkpoints/step_N)
+    # a run directory (its best or its final checkpoint, as `which` says; final: the newest its
+    # metrics.jsonl records) or one checkpoint (checkpoints/step_N)
     checkpoint: str = MISSING
     # checkpoint= names a run directory: its best checkpoint (by its monitor.*), its last, or auto
     # (best where the run has one, else last); the output says which it took

@@ -185,8 +185,9 @@ def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 def final_checkpoint(run_dir: Path, folder: Path | None = None) -> Path | None:
     """The run's final checkpoint: the newest complete one that its log records.
 
-    The one function that chooses "the run's checkpoint" (predict, export, ``resume=RUN`` and
-    train's refusal message all come here through :func:`find_checkpoint`).  The log's
+    The one function that chooses "the run's last checkpoint" (predict, export and
+    ``resume=RUN`` come here through :func:`find_checkpoint` for their ``which=last``, and through
+    :func:`.best.choose_checkpoint`, which also knows the best; train's refusal message too).  The log's
     checkpoint records are the run's account of itself (a resume cuts them back to its
     checkpoint's), so a checkpoint they do not name is not the run's: one of a branch a resume
     abandoned (normally set aside, see :mod:`.branch`), or one copied in.  Without a log, or with
