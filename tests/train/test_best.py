@@ -115,3 +115,29 @@ def test_predict_export_and_resume_take_the_best_or_the_last_and_say_which(
     # nothing of the run points into abandoned/: its best is one of its own checkpoints
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["best_checkpoint"] in (str(ckpt(copy, best)), str(ckpt(copy, best + 2)))
+
+
+def test_a_resumed_run_stops_early_where_the_straight_run_stops(
+    capsys, stopped, shared_small_dataset: Path, tmp_path: Path
+):
+    """Trained to step 20, then resumed with the straight run's end: the best so far and the
+    evaluations since come back from the kept records, so it stops at the same step with the same
+    best, bit for bit."""
+    from test_train import _params
+
+    straight, _ = stopped
+    run = tmp_path / "run"
+    first = [x for x in FALLS if not x.startswith("max_steps=")] + ["max_steps=20"]
+    args = ["train", f"data.path={shared_small_dataset}", f"hydra.run.dir={run}", *BASE]
+    code, _, err = cli(capsys, *args, *first, "monitor.patience=1")
+    assert code == 0, err
+    code, _, err = cli(capsys, *args, *FALLS, "monitor.patience=1", f"resume={run}")
+    assert code == 0, err
+    want = json.loads((straight / "summary.json").read_text())
+    got = json.loads((run / "summary.json").read_text())
+    for key in ("steps", "best_step", "best_val_auc", "stopped_early", "val_auc"):
+        assert got[key] == want[key], key
+    assert val_aucs(run) == val_aucs(straight)
+    for step in (want["best_step"], want["steps"]):
+        a, b = _params(ckpt(straight, step)), _params(ckpt(run, step))
+        assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), step
