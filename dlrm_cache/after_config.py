@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .choices import Which
 from .config import DEVICE
 from .data.config import BadLines, PreprocessConfig
 from .ranges import Choice, checked
@@ -26,9 +27,12 @@ class OutputFormat(Choice):
 class TrainedConfig:
     """What `predict` and `export` read: a trained run, and the dataset it was trained on."""
 
-    # a run directory (its final checkpoint: the newest its metrics.jsonl records) or one
-    # checkpoint (checkpoints/step_N)
+    # a run directory (its best or its final checkpoint, as `which` says; final: the newest its
+    # metrics.jsonl records) or one checkpoint (checkpoints/step_N)
     checkpoint: str = MISSING
+    # checkpoint= names a run directory: its best checkpoint (by its monitor.*), its last, or auto
+    # (best where the run has one, else last); the output says which it took
+    which: Which = Which.auto
     # the processed dataset the checkpoint was trained on (its statistics map raw ids to rows,
     # its features name the model's inputs); null: the run's data.path (a relative one: from where
     # the run was started, else beside the run directory).  predict of a processed input: that input

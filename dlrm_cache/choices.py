@@ -85,3 +85,31 @@ class Precision(Choice):
     fp32 = "fp32"
     tf32 = "tf32"
     bf16 = "bf16"
+
+
+class Monitored(Choice):
+    """The validation metric that ranks a run's checkpoints (``monitor.metric``): the one its
+    evaluations of the val split record (``val_auc``: the ``auc`` of an ``eval`` record)."""
+
+    val_auc = "val_auc"
+    val_logloss = "val_logloss"
+    val_accuracy = "val_accuracy"
+
+
+class MonitorMode(Choice):
+    """Whether a larger or a smaller monitored value is better; auto: max for val_auc and
+    val_accuracy, min for val_logloss."""
+
+    auto = "auto"
+    max = "max"
+    min = "min"
+
+
+class Which(Choice):
+    """Which checkpoint of a run directory a command takes: last (its final checkpoint, the one
+    its summary describes), best (the best evaluated by the run's ``monitor.*``), or auto (best
+    where the run has one, else last)."""
+
+    auto = "auto"
+    best = "best"
+    last = "last"

@@ -28,10 +28,13 @@ from .choices import (
     DenseOptimName,
     Hotness,
     Interaction,
+    Monitored,
+    MonitorMode,
     Pooling,
     Precision,
     SparseOptimName,
     UvmAlgorithm,
+    Which,
 )
 from .ranges import checked
 
@@ -175,6 +178,20 @@ class LoggerConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """Which checkpoint is the run's best, and when training stops early (Lightning's
+    ModelCheckpoint and EarlyStopping); read from the validation evaluations (``eval_every``)."""
+
+    metric: Monitored = Monitored.val_auc  # the validation metric that ranks the checkpoints
+    mode: MonitorMode = MonitorMode.auto  # max | min is better (auto: min for val_logloss)
+    # an evaluation better than every earlier one saves a checkpoint of its step; the checkpoints
+    # saved so are kept while among the save_top_k best evaluated (-1: all kept)
+    save_top_k: int = checked(1, ge=1, also=(-1,))
+    # stop training after this many evaluations in a row without a better metric (0: never)
+    patience: int = checked(0, ge=0)
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -198,6 +215,9 @@ class TrainConfig:
     resume: str | None = (
         None  # a checkpoint directory (step_N), or a run directory (its newest complete one)
     )
+    # resume= names a run directory: take its last checkpoint, or its best (monitor.*; a branch
+    # from there), or auto (best where it has one, else last)
+    resume_which: Which = Which.last
     overwrite: bool = False  # a run dir holding another run: delete that run's files and start anew
     # stop when the mean loss of the last 1024 samples is more than this many times the larger of
     # ln 2 and the largest such mean of the previous 1000 steps (0: off; train/guard.py); a
@@ -221,6 +241,7 @@ class TrainConfig:
         False  # torch.compile the dense path (bottom MLP, interaction, top MLP) for training
     )
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 @dataclass

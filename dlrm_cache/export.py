@@ -161,7 +161,7 @@ def export(cfg: Any) -> Path:
 
 
 def _export(cfg: Any) -> Path:
-    trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
+    trained = open_trained(str(cfg.checkpoint), cfg.dataset, "dataset", str(cfg.which))
     reads = [("checkpoint", trained.checkpoint.path), ("dataset", trained.data_path)]
     out = check_output(str(cfg.output), "output", reads)
     if out.exists() and not (out.is_dir() and set(os.listdir(out)) <= {STATE_DICT, ARGS}):
@@ -177,6 +177,7 @@ def _export(cfg: Any) -> Path:
         "output": "logits, shape [batch, 1]: probability = sigmoid(logit)",
         "checkpoint": str(trained.checkpoint.path),
         "step": trained.checkpoint.step,
+        "which": trained.chosen.which,  # best | last | named
     }
     state = torchrec_state_dict(trained, args)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -195,7 +196,8 @@ def _export(cfg: Any) -> Path:
         raise
     size = (out / STATE_DICT).stat().st_size
     print(
-        f"export: {trained.checkpoint.path} (step {trained.checkpoint.step}) -> {out}/ "
+        f"export: {trained.checkpoint.path} (step {trained.checkpoint.step}, "
+        f"{trained.chosen.note}) -> {out}/ "
         f"({STATE_DICT}: {size / 2**20:,.1f} MiB, {ARGS})"
     )
     return out

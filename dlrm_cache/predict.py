@@ -80,9 +80,9 @@ def _predict(cfg: Any) -> dict[str, Any]:
     inp = Path(str(cfg.input)).expanduser()
     is_dataset = (inp / MANIFEST).is_file()
     if is_dataset:  # a split of a dataset: the run must have been trained on that dataset
-        trained = open_trained(str(cfg.checkpoint), str(inp), data_key="input")
+        trained = open_trained(str(cfg.checkpoint), str(inp), "input", str(cfg.which))
     else:
-        trained = open_trained(str(cfg.checkpoint), cfg.dataset, data_key="dataset")
+        trained = open_trained(str(cfg.checkpoint), cfg.dataset, "dataset", str(cfg.which))
     reads = [("input", inp), ("checkpoint", trained.checkpoint.path)]
     check_output(output, "output", [*reads, ("dataset", trained.data_path)])
     batch_size = int(cfg.batch_size) or int(trained.config.get("data.eval_batch_size", 8192))
@@ -168,6 +168,7 @@ def _report(
     summary: dict[str, Any] = {
         "checkpoint": str(trained.checkpoint.path),
         "step": trained.checkpoint.step,
+        "which": trained.chosen.note,
         "scored": scored,
         "seconds": round(seconds, 3),
         f"{source.index_name}s_per_s": scored / seconds if seconds > 0 else float("nan"),

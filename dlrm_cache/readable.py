@@ -29,6 +29,22 @@ def summary_order(summary: dict[str, Any]) -> dict[str, Any]:
     return {**first, **{k: v for k, v in summary.items() if k not in first}}
 
 
+def best_line(summary: dict[str, Any]) -> str | None:
+    """A sentence on the run's best checkpoint (None: its summary names none)."""
+    if "best_step" not in summary:
+        return None
+    value = "".join(
+        f" ({k.removeprefix('best_')} {format_value(k, v)})"
+        for k, v in summary.items()
+        if k.startswith("best_val_")
+    )
+    early = ", where training stopped early" if summary.get("stopped_early") is True else ""
+    return (
+        f"Best checkpoint: step {summary['best_step']}{value}, {summary.get('best_checkpoint')}; "
+        f"the last: step {summary.get('steps')}{early}."
+    )
+
+
 def is_seconds(key: str) -> bool:
     """A duration in seconds (``train_seconds``, ``startup_s``, ``stall_s``), not a rate."""
     return key.endswith(("seconds", "_s")) and not key.endswith("per_s")

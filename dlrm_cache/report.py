@@ -16,12 +16,23 @@ from omegaconf import DictConfig
 from .data.files import atomic_write_text
 from .embedding.rates import rate_weight_key
 from .panels import Line, Panel
-from .readable import format_value, summary_order
+from .readable import best_line, format_value, summary_order
 from .rundir import METRICS, REPORT_MD, REPORT_PNG, SUMMARY
 from .runs import RunRecord, Sweep, compare, find_runs, flat_config, short_value
 
 
 # ----------------------------------------------------------------------------------- one run
+def _best_marks(run: RunRecord):
+    """``marks(key)``: the summary's best checkpoint as a point on the panel of eval ``key``."""
+    step = (run.summary or {}).get("best_step")
+    at = next((r for r in run.evals if r["step"] == step), None)
+
+    def marks(key: str) -> list[Line]:
+        return [Line(f"best checkpoint (step {step})", [at["step"]], [at[key]], "*")] if at else []
+
+    return marks
+
+
 def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
     """The panels of one run's figure; cache panels only when the placement reports those stats."""
     t = run.train
@@ -51,6 +62,7 @@ def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
         ),
     ]
     oracle = (run.summary or {}).get("oracle_auc")
+    best = _best_marks(run)
     panels.append(
         Panel(
             "val_auc",
@@ -60,7 +72,8 @@ def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
             [
                 Line(
                     "val AUC", e_steps, [r["auc"] for r in run.evals], annotate=_few(e_steps, ".4f")
-                )
+                ),
+                *best("auc"),
             ],
             xlim=xlim,
             hlines=[(f"planted model (oracle) AUC {oracle:.4f}", oracle)]
@@ -80,7 +93,8 @@ def run_panels(run: RunRecord, worst_tables: int = 3) -> list[Panel]:
                     e_steps,
                     [r["logloss"] for r in run.evals],
                     annotate=_few(e_steps, ".4f"),
-                )
+                ),
+                *best("logloss"),
             ],
             xlim=xlim,
         )
@@ -311,6 +325,8 @@ def run_markdown(run: RunRecord, worst: list[str]) -> str:
         shown = summary_order(run.summary).items()
         out += [f"| {k} | {format_value(k, v)} |" for k, v in shown if "/" not in k]
         out.append("")
+        best = best_line(run.summary)
+        out += [best, ""] if best else []
     if worst and run.summary:
         rates = ", ".join(
             f"{name} {run.summary.get(f'embedding_hit_rate/{name}', math.nan):.4f}"

@@ -38,7 +38,10 @@ FIRST_STEP: Final = (
 )
 TRAIN: Final = "train"  # step, epoch, loss, samples_per_s, the embedding counters of the interval
 EVAL: Final = "eval"  # step, split, auc, logloss, accuracy, samples
-CHECKPOINT: Final = "checkpoint"  # step, path
+CHECKPOINT: Final = "checkpoint"  # step, path; best_only: saved for a best evaluation alone
+BEST: Final = (
+    "best"  # step, path, the monitored metric's value: a better evaluation (train/best.py)
+)
 SUMMARY_RECORD: Final = "summary"  # the final summary (as summary.json)
 
 

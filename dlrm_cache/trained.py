@@ -23,7 +23,7 @@ from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
 from .model.dcn import cross_shape
 from .model.dlrm import DLRM
 from .rundir import hydra_cwd
-from .train.checkpoint import find_checkpoint
+from .train.best import Chosen, choose_checkpoint
 from .train.saved import Checkpoint
 
 
@@ -81,6 +81,7 @@ class Trained:
     """A checkpoint, the dataset it was trained on, and (after :meth:`model`) the model."""
 
     checkpoint: Checkpoint
+    chosen: Chosen  # which of the run's checkpoints it is (best, last, or the one named)
     config: dict[str, Any]  # the run's config, flattened (``model.embedding_dim``, ...)
     data_path: Path
     manifest: Manifest
@@ -117,9 +118,11 @@ class Trained:
         return model.eval()
 
 
-def open_trained(checkpoint: str, data: str | None = None, data_key: str = "dataset") -> Trained:
-    """The checkpoint ``checkpoint`` names (a run directory: its final one, see
-    :func:`~.train.checkpoint.final_checkpoint`), and the dataset it was trained on.
+def open_trained(
+    checkpoint: str, data: str | None = None, data_key: str = "dataset", which: str = "auto"
+) -> Trained:
+    """The checkpoint ``checkpoint`` names (a run directory: its best or its final one as
+    ``which`` says, see :func:`~.train.best.choose_checkpoint`), and the dataset it was trained on.
 
     ``data`` (default: the run's ``data.path``, see :func:`recorded_dataset`; ``data_key``: the
     option that names it, for messages) must be the dataset the checkpoint was trained on: the
@@ -127,7 +130,8 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
     ids.
     """
     try:
-        path = find_checkpoint(checkpoint)
+        chosen = choose_checkpoint(checkpoint, which, "checkpoint", "which")
+        path = chosen.path
     except FileNotFoundError:
         raise FileNotFoundError(
             f"checkpoint={checkpoint}: no checkpoint there (a directory with meta.json), "
@@ -176,7 +180,7 @@ def open_trained(checkpoint: str, data: str | None = None, data_key: str = "data
             f"{path}: trained on another dataset than {named} ({', '.join(diff[:3])} "
             f"differ); point {data_key}= at the dataset the run was trained on"
         )
-    return Trained(ckpt, config, data_path, manifest)
+    return Trained(ckpt, chosen, config, data_path, manifest)
 
 
 def recorded_dataset(ckpt: Checkpoint, data_path: str, data_key: str) -> Path:

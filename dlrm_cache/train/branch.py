@@ -16,7 +16,8 @@ is the abandoned branch's last).  Nothing is deleted; a second branch from the s
 nothing moves.
 
 So the run directory's final checkpoint (:func:`.checkpoint.final_checkpoint`, the newest complete
-one the log records) is the one its summary and log describe.  Each move is one rename; a kill in
+one the log records) is the one its summary and log describe, and its best (:mod:`.best`, derived
+from the log and the checkpoints in place) is one of its own, never one set aside.  Each move is one rename; a kill in
 the middle of the set-aside leaves the log uncut (it still names the later checkpoints, of which
 the final one is then chosen) and the next resume from K moves the rest.
 """

@@ -5,7 +5,6 @@ data streams and the run directory's log; and restoring a checkpoint into it."""
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,18 @@ from ..data.format import Manifest
 from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape
-from ..model.dlrm import DLRM, dense_shapes
+from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
 from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
+from .best import Tracker
 from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
 from .evaluate import eval_batches, evaluate
-from .optim import build_dense_optimizer, dense_state_floats, load_dense_state
-from .resume import open_resume
+from .optim import build_dense_optimizer, load_dense_state
+from .preflight import check_dense_memory
+from .resume import check_resume_trains, open_resume, resumed_state
 from .saved import Checkpoint
 from .signals import StopAgreement
 from .step import set_matmul_precision
@@ -104,48 +105,6 @@ def check_host_memory(
         )
 
 
-def device_bytes(device: torch.device, local_ranks: int) -> float:
-    """Free memory where a rank's dense part lives: the GPU's, or the host's shared by its ranks."""
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    return available_host_bytes(local_ranks)
-
-
-def check_dense_memory(
-    cfg: DictConfig, manifest: Manifest, device: torch.device, info: DistInfo
-) -> None:
-    """Fail before allocating when the MLPs, their gradients and their optimizer state cannot fit
-    where they live (every rank holds all of them), naming the layer keys that hold the most."""
-    shapes = dense_shapes(
-        len(manifest.dense_names),
-        len(manifest.sparse_names),
-        cfg.model.embedding_dim,
-        list(cfg.model.bottom_mlp),
-        list(cfg.model.top_mlp),
-        cross_shape(cfg.model),
-    )
-    per_key = {
-        key: sum(math.prod(s) for k, s in shapes.items() if k.startswith(part + "."))
-        for key, part in (
-            ("model.bottom_mlp", "dense_arch"),
-            ("model.dcn_low_rank_dim", "inter_arch"),
-            ("model.top_mlp", "over_arch"),
-        )
-    }
-    params = sum(math.prod(s) for s in shapes.values())
-    o = cfg.optim.dense
-    need = 4 * params * (2 + dense_state_floats(o.name, o.momentum))  # weight, gradient, state
-    have = device_bytes(device, info.local_world_size)
-    if need > have:
-        keys = [k for k, n in sorted(per_key.items(), key=lambda kv: -kv[1]) if n >= params / 10]
-        raise ValueError(
-            ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in keys)
-            + f": the dense layers' {params:,} parameters take {need / 2**30:.2f} GiB with their "
-            f"gradients and optim.dense.name={o.name} state, but {have / 2**30:.2f} GiB of "
-            f"{'GPU' if device.type == 'cuda' else 'host'} memory are available; use smaller layers"
-        )
-
-
 def build_embeddings(
     cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
 ) -> tuple[EmbeddingBackend, list[Shard] | None]:
@@ -210,12 +169,18 @@ class TrainingRun:
     total_steps: int
     log: JsonlLog
     resume: Checkpoint | None  # cfg.resume, checked against this run before anything was built
+    best: Tracker  # the best val evaluation so far (monitor.*), and the evaluations since it
+    evaluations: dict[tuple[int, str], dict[str, float]]  # (step, split) -> result, this run's
+    resume_note: str  # which checkpoint of the run resume= named was taken ("last: step 20")
     owned: list[Shard] | None = None  # this rank's embedding shards, which its loader keeps
     # asked after every step and evaluation batch: the stop signal all ranks agree on (set by the
     # training loop, which closes it)
     stop: StopAgreement | None = None
+    saved: int = -1  # the step of the newest checkpoint this invocation saved
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, best_only: bool = False) -> None:
+        """A checkpoint of ``step`` (collective); ``best_only``: saved for a best evaluation
+        alone (:func:`.best.prune` may remove it)."""
         self.embeddings.flush()  # cached rows and their optimizer state back into the full tables
         dense = {"model": self.model.dense_state_dict(), "optimizer": self.opt.state_dict()}
         # recorded first: a run resumed from this checkpoint keeps the records up to this one.  A
@@ -227,11 +192,19 @@ class TrainingRun:
             and self.resume.log_records(self.run_dir) is not None
         )
         if not again:
-            self.log.write(CHECKPOINT, step=step, path=str(step_dir(self.run_dir, step)))
+            only = {"best_only": True} if best_only else {}
+            self.log.write(CHECKPOINT, step=step, path=str(step_dir(self.run_dir, step)), **only)
         meta = checkpoint_meta(self.cfg, self.manifest, self.info.world_size, self.log.records)
         save_checkpoint(
             self.run_dir, step, dense, self.embeddings.export_tables(), self.info.rank, meta
         )
+        self.saved = step
+
+    def has_checkpoint(self, step: int) -> bool:
+        """A complete checkpoint of ``step`` is the run's: saved now, or resumed from here."""
+        r = self.resume
+        here = r is not None and r.step == step and r.log_records(self.run_dir) is not None
+        return self.saved == step or here
 
     def evaluate(self, step: int, split: str = "val") -> dict[str, float]:
         stream = (
@@ -253,6 +226,7 @@ class TrainingRun:
             ),
         )
         self.log.write(EVAL, step=step, split=split, **result)
+        self.evaluations[(step, split)] = result
         return result
 
     def stream(self, split: str, batch_size: int, shuffle: bool = False) -> ShardStream:
@@ -327,25 +301,6 @@ def planned_steps(cfg: DictConfig, manifest: Manifest) -> int:
     return min(total, cfg.max_steps) if cfg.max_steps >= 0 else total
 
 
-def check_resume_within(
-    cfg: DictConfig, manifest: Manifest, ckpt: Checkpoint, total_steps: int
-) -> None:
-    """A checkpoint past the run's end is refused, naming the key that ends it: the run would
-    train nothing and report the checkpoint's later step as its own end."""
-    if ckpt.step <= total_steps:
-        return
-    per_epoch = steps_per_epoch(cfg, manifest)
-    if 0 <= cfg.max_steps < per_epoch * cfg.epochs:
-        key = f"max_steps={cfg.max_steps}"
-    else:
-        key = f"epochs={cfg.epochs} ({per_epoch} steps each)"
-    raise ValueError(
-        f"{key}: this run ends at step {total_steps}, but the checkpoint resume= continues from "
-        f"({ckpt.path}) is at step {ckpt.step}; resume with a run that ends at step "
-        f"{ckpt.step} or later"
-    )
-
-
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
     run_dir = Path(agree_on_config(cfg, info))
     if info.is_main:
@@ -356,9 +311,10 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     total_steps = planned_steps(cfg, manifest)
     # before the run dir is claimed: a resume into it sets aside what came after its checkpoint
     check_batch_split(cfg.data.batch_size, info.world_size)
-    ckpt = open_resume(cfg, manifest) if cfg.resume else None
+    ckpt, chosen = open_resume(cfg, manifest) if cfg.resume else (None, None)
+    resumed = resumed_state(cfg, run_dir, ckpt, info)
     if ckpt is not None:
-        check_resume_within(cfg, manifest, ckpt, total_steps)
+        check_resume_trains(cfg, steps_per_epoch(cfg, manifest), ckpt, total_steps, resumed)
     claim_run_dir(
         run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg
     )  # one run per run dir
@@ -390,7 +346,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     val_stream = make_stream(
         cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned
     )
-    keep = ckpt.log_records(run_dir) if ckpt is not None else None
+    keep = resumed.keep
     from ..tensorboard import attach as attach_tensorboard
     from ..tensorboard import cut_back as cut_back_tensorboard
 
@@ -413,6 +369,9 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         total_steps,
         log,
         ckpt,
+        resumed.tracker,
+        resumed.evaluations,
+        chosen.note if chosen else "",
         owned,
     )
 
@@ -427,5 +386,6 @@ def restore(run: TrainingRun) -> int:
     if run.embeddings.state_keys():
         run.embeddings.import_tables(ckpt.tables(run.embeddings.state_keys()))
     if run.info.is_main:
-        log.info("resumed from %s at step %d", ckpt.path, ckpt.step)
+        note = f" ({run.resume_note})" if run.resume_note else ""
+        log.info("resumed from %s%s at step %d", ckpt.path, note, ckpt.step)
     return ckpt.step

@@ -164,7 +164,7 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _complete(directory: Path) -> list[tuple[int, Path]]:
+def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints in ``directory`` by step: ``step_N`` with its meta.json, or the old
     ``step_N`` a killed save had set aside (before its replacement arrived)."""
     found: dict[int, Path] = {}
@@ -185,15 +185,16 @@ def _complete(directory: Path) -> list[tuple[int, Path]]:
 def final_checkpoint(run_dir: Path, folder: Path | None = None) -> Path | None:
     """The run's final checkpoint: the newest complete one that its log records.
 
-    The one function that chooses "the run's checkpoint" (predict, export, ``resume=RUN`` and
-    train's refusal message all come here through :func:`find_checkpoint`).  The log's
+    The one function that chooses "the run's last checkpoint" (predict, export and
+    ``resume=RUN`` come here through :func:`find_checkpoint` for their ``which=last``, and through
+    :func:`.best.choose_checkpoint`, which also knows the best; train's refusal message too).  The log's
     checkpoint records are the run's account of itself (a resume cuts them back to its
     checkpoint's), so a checkpoint they do not name is not the run's: one of a branch a resume
     abandoned (normally set aside, see :mod:`.branch`), or one copied in.  Without a log, or with
     a log that records none (checkpoints only), the newest complete one.  ``folder``: where the
     ``step_N`` directories are (default ``run_dir/checkpoints``).
     """
-    found = _complete(folder if folder is not None else run_dir / CKPT_DIR)
+    found = complete_checkpoints(folder if folder is not None else run_dir / CKPT_DIR)
     recorded = recorded_checkpoints(run_dir)
     if recorded:
         found = [(step, p) for step, p in found if step in recorded]
@@ -206,17 +207,33 @@ def find_checkpoint(resume: str) -> Path:
     p = Path(resume).expanduser()
     if (p / CKPT_META).is_file():
         return p
-    if (p / CKPT_DIR).is_dir():
-        final = final_checkpoint(p)
-    elif p.name == CKPT_DIR:
-        final = final_checkpoint(p.parent, p)
-    else:
-        final = final_checkpoint(p, p)
+    final = final_checkpoint(*run_and_folder(p))
     if final is None:
         raise FileNotFoundError(
             f"resume={resume}: no checkpoint there (a directory with {CKPT_META}), nor a run directory with a complete one"
         )
     return final
+
+
+def run_and_folder(p: Path) -> tuple[Path, Path]:
+    """The run directory whose log describes the checkpoints of ``p`` (a run directory, its
+    checkpoints folder, or a folder of ``step_N`` directories), and the folder that holds them."""
+    if (p / CKPT_DIR).is_dir():
+        return p, p / CKPT_DIR
+    if p.name == CKPT_DIR:
+        return p.parent, p
+    return p, p
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Remove a complete checkpoint: first renamed to what a killed save leaves (``.step_N.tmp``,
+    which the next save removes), so no kill leaves a part of it under its name."""
+    m = _STEP_DIR.fullmatch(path.name) or _LEFT_BEHIND.fullmatch(path.name)
+    assert m is not None, path
+    aside = path.parent / f".step_{m[1].removeprefix('step_')}.tmp"
+    shutil.rmtree(aside, ignore_errors=True)
+    path.rename(aside)
+    shutil.rmtree(aside)
 
 
 def checkpoint_meta(

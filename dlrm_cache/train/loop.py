@@ -21,8 +21,19 @@ from ..data.format import Manifest
 from ..outputs import Stopped
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
 from ..readable import summary_order
-from ..rundir import EVAL, FIRST_STEP, START, SUMMARY_RECORD, TRAIN, logged_records, write_summary
+from ..rundir import (
+    BEST,
+    EVAL,
+    FIRST_STEP,
+    START,
+    SUMMARY_RECORD,
+    TRAIN,
+    logged_records,
+    write_summary,
+)
+from .best import prune, run_records
 from .build import TrainingRun, build_run, restore
+from .checkpoint import step_dir
 from .claim import release as release_run_dirs
 from .guard import LossGuard
 from .metrics import StatsTotals, format_table, interval_line
@@ -79,7 +90,6 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     loss_sum, loss_n = torch.zeros((), device=run.device), 0
     guard, first = LossGuard(cfg.loss_spike_factor, cfg.data.path, cfg.data.batch_size), step
     stop = run.stop = StopAgreement(info)
-    saved = -1  # the step of the newest checkpoint this loop wrote
     model.train()
     stop.settle()  # a signal while the run was built: no step, nothing new to save
     if not stop.signum and evaluation_owed(run, step):
@@ -88,7 +98,7 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                 _periodic_evaluation(run, step)
             except Stopped:  # stop.signum is set: no step done, nothing new to save
                 pass
-    while step < run.total_steps and not stop.signum:
+    while step < run.total_steps and not stop.signum and not run.best.exhausted:
         epoch, start = divmod(step, steps_per_epoch)
         with Pipeline(
             run.train_stream.batches(epoch, start),
@@ -146,12 +156,12 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
                     cfg.checkpoint_every
                     and step % cfg.checkpoint_every == 0
                     and step < run.total_steps
+                    and run.saved != step  # saved for a best evaluation
                 ):
                     with clock.pause():
                         guard.check()
                         run.checkpoint(step)
-                        saved = step
-                if step >= run.total_steps or stop.requested():
+                if step >= run.total_steps or stop.requested() or run.best.exhausted:
                     break
         if loss_n:  # the tail since the last log line still counts towards throughput
             loss_sum.item()  # the steps have finished on the device
@@ -163,18 +173,43 @@ def train_steps(run: TrainingRun, step: int) -> tuple[int, Throughput, StatsTota
     if stop.signum:  # SIGTERM / SIGINT: a checkpoint of this step, then exit 128 + signum
         stop.close()
         exit_preempted(
-            stop.signum, step, first, saved == step, run.checkpoint, run.run_dir, info.is_main
+            stop.signum, step, first, run.saved == step, run.checkpoint, run.run_dir, info.is_main
         )
     return step, clock, totals, startup_s
 
 
 def _periodic_evaluation(run: TrainingRun, step: int) -> None:
-    """The validation split's evaluation at ``step`` of ``eval_every``, recorded and said; the
-    embeddings' counters then start again (its lookups are not training's)."""
+    """The validation split's evaluation at ``step`` of ``eval_every``, recorded, weighed
+    (:func:`note_evaluation`) and said; the embeddings' counters then start again (its lookups
+    are not training's)."""
     result = run.evaluate(step)
     run.embeddings.reset_stats()
+    note_evaluation(run, step, result)
     if run.info.is_main:
         say(f"step {step}: val auc {result['auc']:.4f} logloss {result['logloss']:.4f}")
+        if run.best.exhausted:
+            say(
+                f"step {step}: early stopping: {run.best.why_stopped()} "
+                f"(monitor.patience={run.cfg.monitor.patience})"
+            )
+
+
+def note_evaluation(run: TrainingRun, step: int, result: dict[str, float]) -> bool:
+    """Weigh a val evaluation of ``step`` by ``monitor.*``; a better one than every earlier is
+    recorded (a ``best`` record), has a checkpoint of its step (saved now unless it has one:
+    collective) and may leave an earlier one outside ``monitor.save_top_k`` (removed).  True
+    when it was the best."""
+    tracker, cfg = run.best, run.cfg
+    if not tracker.observe(step, result):
+        return False
+    path = step_dir(run.run_dir, step)
+    run.log.write(BEST, step=step, path=str(path), **{tracker.monitor.metric: tracker.value})
+    if not run.has_checkpoint(step):
+        periodic = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+        run.checkpoint(step, best_only=not periodic)
+    if run.info.is_main:
+        prune(tracker.monitor, cfg.monitor.save_top_k, run_records(run.run_dir), path.parent)
+    return True
 
 
 def evaluation_owed(run: TrainingRun, step: int) -> bool:
@@ -207,11 +242,19 @@ def summarize(
     """Final checkpoint and evaluation; the summary (written to the run dir, printed as a table).
     A stop signal during the evaluations ends them, and the command as in training (the final
     checkpoint is saved: a resume of it evaluates it)."""
-    run.checkpoint(step)
+    if run.saved != step:  # (saved when an early stop came after a checkpoint of the step)
+        run.checkpoint(step)
     try:
-        final = run.evaluate(step)
+        # an evaluation of this step done already (before an early stop; or recorded after the
+        # checkpoint a resume of a stopped run continues from) is not done again
+        final = run.evaluations.get((step, "val"))
+        if final is None:
+            final = run.evaluate(step)
+            note_evaluation(run, step, final)
         tested = (
-            run.evaluate(step, "test") if run.cfg.test and "test" in run.manifest.splits else {}
+            run.evaluations.get((step, "test")) or run.evaluate(step, "test")
+            if run.cfg.test and "test" in run.manifest.splits
+            else {}
         )
     except Stopped as e:
         assert run.stop is not None
@@ -227,6 +270,7 @@ def summarize(
         "startup_s": round(startup_s, 3),
         **{f"val_{k}": v for k, v in final.items()},
     }
+    summary.update(best_summary(run))
     oracle = find_oracle(run.manifest)
     if oracle is not None:
         summary["oracle_auc"] = oracle
@@ -243,6 +287,20 @@ def summarize(
         shown = [(k, v) for k, v in summary_order(summary).items() if "/" not in k]
         say(format_table(shown, title=f"dlrm-cache train: {run.run_dir}"))
     return summary
+
+
+def best_summary(run: TrainingRun) -> dict[str, Any]:
+    """What the summary says of the best checkpoint (none evaluated: nothing) and, with
+    ``monitor.patience``, whether training stopped early."""
+    out: dict[str, Any] = {}
+    if run.best.best is not None:
+        step, value = run.best.best
+        out["best_step"] = step
+        out[f"best_{run.best.monitor.metric}"] = value
+        out["best_checkpoint"] = str(step_dir(run.run_dir, step))
+    if run.cfg.monitor.patience:
+        out["stopped_early"] = run.best.exhausted
+    return out
 
 
 def _train(cfg: DictConfig, device: torch.device, info: DistInfo) -> dict[str, Any]:

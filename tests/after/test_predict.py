@@ -99,7 +99,7 @@ def test_unlabelled_lines_like_kaggle_test_txt(
     assert code == 0, err
     frame = pd.read_csv(out)
     assert list(frame.columns) == ["line", "probability"]  # no label: no metrics either
-    assert "auc" not in stdout and "dlrm-cache predict" in stdout
+    assert "| auc " not in stdout and "dlrm-cache predict" in stdout
     assert frame["line"].tolist() == list(range(1, len(raw_test_lines) + 1))
     np.testing.assert_allclose(
         frame["probability"].to_numpy(), split["probability"].to_numpy(), rtol=0, atol=1e-6
@@ -247,7 +247,7 @@ def test_an_empty_label_is_scored_as_unlabelled(
     code, stdout, err = run_predict(
         capsys, f"checkpoint={host_run.path}", f"input={raw}", f"output={out}"
     )
-    assert code == 0 and "auc" not in stdout, err
+    assert code == 0 and "| auc " not in stdout, err
     assert pd.read_parquet(out)["label"].isna().all()
 
 

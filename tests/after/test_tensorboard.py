@@ -43,7 +43,7 @@ def test_event_file_mirrors_metrics_jsonl(cached_run):
     assert {"cache/bytes_loaded", "cache/bytes_written_back", "cache/rows_loaded"} <= tags
     assert {"tables/hit_rate/C3", "tables/accesses/C3", "time/startup_s", "time/stall_s"} <= tags
     assert {t.split("/")[0] for t in tags} == {
-        "main", "cache", "tables", "time", "start", "train", "val", "test", "summary"
+        "main", "cache", "tables", "time", "start", "train", "val", "test", "summary", "best"
     }  # fmt: skip
     assert [s for s, t in got if t == "main/loss"] == [10, 20, 30]
     assert [s for s, t in got if t == "main/val_auc"] == [20, 30]

@@ -164,11 +164,13 @@ def straight(tmp_path_factory, dataset_writer) -> tuple[DictConfig, Path, float]
 
 
 def test_kill_at_every_point_of_replacing_a_checkpoint_keeps_one(straight, tmp_path: Path):
-    """Saving a step that already exists (a resume that does no step): killed before each of the
-    save's file-system calls, the run directory still holds a complete step 12, equal to the old."""
+    """Saving a step that already exists (a resume that does no step: of a run stopped before its
+    final evaluation, which it then does): killed before each of the save's file-system calls,
+    the run directory still holds a complete step 12, equal to the old."""
     cfg, base, _ = straight
     want = params(base / "checkpoints" / "step_00000012")
     shutil.copytree(base, tmp_path / "count")
+    unfinish(tmp_path / "count")
     code, err = run(
         at(cfg, tmp_path / "count", tmp_path / "count"), tmp_path, count_to=tmp_path / "ops"
     )
@@ -178,6 +180,7 @@ def test_kill_at_every_point_of_replacing_a_checkpoint_keeps_one(straight, tmp_p
     for k in range(n):
         d = tmp_path / f"kill{k}"
         shutil.copytree(base, d)
+        unfinish(d)
         code, _ = run(at(cfg, d, d), tmp_path, kill_at=(0, k))
         assert code == -signal.SIGKILL, k
         found = find_checkpoint(str(d))
@@ -188,6 +191,12 @@ def test_kill_at_every_point_of_replacing_a_checkpoint_keeps_one(straight, tmp_p
         assert code == 0, (k, err)
         assert left_behind(d) == [], k
         assert_same(want, params(d / "checkpoints" / "step_00000012"))
+
+
+def unfinish(run_dir: Path) -> None:
+    """The run as a signal during its final evaluation leaves it: no summary (a resume of a
+    finished run is refused: it would train nothing)."""
+    (run_dir / "summary.json").unlink()
 
 
 def test_kill_inside_a_save_then_resume_is_bit_identical(straight, tmp_path: Path):
@@ -221,6 +230,9 @@ def test_kill_at_a_random_time_then_resume_is_bit_identical(straight, tmp_path: 
     if code == 0:  # a loaded machine: the kill came too late (wall time is of another run)
         pytest.skip(f"the run finished within {delay:.2f} s")
     assert code == -signal.SIGKILL
+    if (d / "summary.json").is_file():  # killed after its last write: finished, nothing to resume
+        assert_same(want, params(d / "checkpoints" / "step_00000012"))
+        return
     resumable = bool(_complete_steps(d))
     again = at(cfg, d, d if resumable else None)
     again.overwrite = not resumable  # the killed run's files (no checkpoint to resume) make way
