@@ -46,6 +46,8 @@ def format_value(key: str, v: Any) -> str:
         return format_bytes(v)
     if is_seconds(key):
         return format_seconds(v)
+    if key.endswith("per_s"):  # a rate: 684 as 1,404, never 684.1062
+        return f"{v:,.0f}"
     if isinstance(v, int) or v.is_integer():  # counters that stats() reports as floats
         return f"{int(v):,}"
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4f}"
