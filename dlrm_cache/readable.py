@@ -8,6 +8,7 @@ to a person goes through here.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 # A run's summary, the keys a person looks for first (then the rest, in the order written)
@@ -27,6 +28,16 @@ def summary_order(summary: dict[str, Any]) -> dict[str, Any]:
     """``summary`` with the keys of :data:`SUMMARY_FIRST` first."""
     first = {k: summary[k] for k in SUMMARY_FIRST if k in summary}
     return {**first, **{k: v for k, v in summary.items() if k not in first}}
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """``sorted(names, key=natural_key)``: numbers inside names in numeric order (C1, C2, ...,
+    C10, ``hit_rate/C2`` before ``hit_rate/C10``), the rest by text."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", name)
+        if part
+    )
 
 
 def is_seconds(key: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -331,3 +332,29 @@ def test_bench_rows_show_no_nan_for_what_a_placement_has_not(capsys):
     assert " hit 0." in cache or " hit 1." in cache, cache
     if not torch.cuda.is_available():
         assert "nan" not in cache and "peak GPU" not in cache, cache
+
+
+def test_plan_per_table_rows_are_in_table_order(processed_synth: Path, capsys):
+    """The per-table table lists C1, C2, ..., C10, ... (it was C1, C10, C11, ..., C2)."""
+    plan(
+        OmegaConf.structured(
+            PlanConfig(
+                data=DataConfig(path=str(processed_synth)),
+                embedding=FreqCacheEmbeddingConfig(batch_size=32),
+                ratios=[0.05],
+                per_table=True,
+                figure=None,
+            )
+        )
+    )
+    names = re.findall(r"^\| (C\d+) +\|", capsys.readouterr().out, re.M)
+    assert names == SPARSE_NAMES, names
+
+
+def test_per_table_totals_are_in_table_order():
+    """A run's totals (summary.json, metrics.jsonl) list hit_rate/C2 before hit_rate/C10."""
+    from dlrm_cache.train.metrics import StatsTotals
+
+    totals = StatsTotals()
+    totals.add({f"accesses/{n}": 1.0 for n in SPARSE_NAMES})
+    assert list(totals.result()) == [f"accesses/{n}" for n in SPARSE_NAMES]
