@@ -323,9 +323,7 @@ def test_split_step_makes_the_training_steps_update(precision):
 def test_bench_rows_show_no_nan_for_what_a_placement_has_not(capsys):
     """host has no cache and a CPU run no GPU: their rows said ``hit nan (distinct ids nan)``
     and ``peak GPU nan MiB``; a cache's row shows its hit rate."""
-    bench(
-        _cfg(kind="embedding", num_tables=2, rows_per_table=500, backends=["host", "freq_cache"])
-    )
+    bench(_cfg(kind="embedding", num_tables=2, rows_per_table=500, backends=["host", "freq_cache"]))
     rows = [line for line in capsys.readouterr().out.splitlines() if "ms/iter" in line]
     host, cache = (next(r for r in rows if r.split()[0] == v) for v in ("host", "freq_cache"))
     assert "nan" not in host and " hit " not in host, host
