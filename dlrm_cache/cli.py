@@ -218,6 +218,8 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
+            if getattr(e, "quiet", False):  # every rank has it: rank 0 says it
+                raise SystemExit(1) from None
             if not _refused_run_dir(e):  # another run's log is not this job's
                 say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)
