@@ -278,3 +278,14 @@ def test_plan_and_bench_write_only_their_outputs(processed_synth, tmp_path):
     (figure,) = tmp_path.rglob("*.*")
     assert figure.relative_to(tmp_path).parts[:2] == ("outputs", "plan")
     assert figure.name == "plan.png" and f"figure {figure.relative_to(tmp_path)}" in res.stdout
+
+
+def test_a_bool_key_takes_only_true_or_false(tmp_path):
+    """``progress=yes`` was taken as true (OmegaConf reads yes/no/on/off/1/0 as bools), so a
+    bool key passed values a typo would not: it is one line naming the key, before a run starts."""
+    for typed in ("progress=yes", "test=1", "data.shuffle=off"):
+        res = cli("train", "data.path=missing", typed, cwd=tmp_path, plain_errors=True)
+        key = typed.split("=")[0]
+        assert res.returncode == 1, res.stderr
+        assert res.stderr.strip() == f"dlrm-cache train: error: {typed}: {key} is true or false"
+        assert not [p for p in tmp_path.rglob("*") if not p.is_dir()]  # no run directory
