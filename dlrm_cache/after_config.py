@@ -35,7 +35,7 @@ class TrainedConfig:
     which: Which = Which.auto
     # the processed dataset the checkpoint was trained on (its statistics map raw ids to rows,
     # its features name the model's inputs); null: the run's data.path (a relative one: from where
-    # the run was started, else beside the run directory).  predict of a processed input: that input
+    # the run was started, else beside the run directory)
     dataset: str | None = None
 
 
@@ -46,6 +46,9 @@ class PredictConfig(TrainedConfig):
     # raw Criteo text (plain or .gz; 40 fields with the label, or 39 without it like Kaggle's
     # test.txt), or a processed dataset directory (then `split` names the split to score)
     input: str = MISSING
+    # the processed dataset the checkpoint was trained on; null: a processed input itself, else
+    # the run's data.path (a relative one: from where the run was started, else beside the run)
+    dataset: str | None = None
     split: str = "test"  # input is a processed dataset: train | val | test
     output: str = MISSING  # predictions file, replaced atomically
     format: OutputFormat = OutputFormat.auto  # auto: csv for a name ending in .csv, else parquet

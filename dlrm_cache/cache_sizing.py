@@ -13,6 +13,7 @@ from .data.format import Manifest
 from .data.stats import counted_samples, load_counts
 from .embedding.base import SparseOptim
 from .embedding.freq_cache.layout import pinned_batches, plan_table
+from .readable import natural_key
 from .train.metrics import format_table
 
 
@@ -84,7 +85,7 @@ def plan(cfg: DictConfig) -> list[dict]:
         for r in rows:
             print(
                 format_table(
-                    sorted(r["per_table"].items()),
+                    sorted(r["per_table"].items(), key=lambda kv: natural_key(kv[0])),
                     title=f"per-table hit rate at ratio {r['ratio']} (one pooled cache)",
                 )
             )

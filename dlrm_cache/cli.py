@@ -24,7 +24,7 @@ from .configstore import config_dir, register_configs
 from .console import quiet_known_noise, say, standard_streams
 from .data.files import WriteError
 from .outputs import Stopped
-from .ranges import validate
+from .ranges import bool_overrides, validate
 from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
 
 register_configs()
@@ -209,6 +209,7 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
 
     def run(cfg: DictConfig) -> None:
         try:
+            bool_overrides(cfg)
             validate(cfg)
             fn(cfg)
         except USER_ERRORS as e:
@@ -218,6 +219,8 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
                 discard_failed_launch()
             if os.environ.get("DLRM_CACHE_TRACEBACK"):
                 raise
+            if getattr(e, "quiet", False):  # every rank has it: rank 0 says it
+                raise SystemExit(1) from None
             if not _refused_run_dir(e):  # another run's log is not this job's
                 say(f"dlrm-cache {command}: error: {e}", console=False)  # the job's log file
             print(f"dlrm-cache {command}: error: {e}", file=sys.stderr)

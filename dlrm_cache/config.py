@@ -266,7 +266,9 @@ class BenchConfig:
     the freq_cache's planning (``kind=planning``), the input pipeline (``kind=loader``) or
     `dlrm-cache preprocess` itself (``kind=preprocess``)."""
 
-    kind: BenchKind = BenchKind.embedding  # what is measured (see above)
+    # what is measured: embedding (the embedding layer alone) | train (a DLRM step) | planning
+    # (the freq_cache's planning) | loader (the input pipeline) | preprocess (the command itself)
+    kind: BenchKind = BenchKind.embedding
     # the placements compared (the first is the baseline)
     backends: list[Backend] = checked(
         factory=lambda: [Backend.host, Backend.freq_cache], nonempty=True

@@ -93,6 +93,25 @@ def check_output(
     return out
 
 
+def check_apart(run_dir: str | os.PathLike, data_path: str | os.PathLike) -> None:
+    """A run directory and a dataset stay apart, or :class:`UnsafeOutput`: a run in a dataset
+    (or in ``data_path``) is deleted by `preprocess overwrite=true` of it, a dataset in a run
+    directory by `train overwrite=true` there."""
+    run, data = real(run_dir), real(data_path)
+    inside = next((d for d in (run, *run.parents) if d == data or kind_of(d) == DATASET), None)
+    if inside is not None:
+        where = "is" if inside == run else "lies inside"
+        raise UnsafeOutput(
+            f"run dir {run}: {where} the dataset {inside}, which `preprocess overwrite=true` "
+            "replaces whole: choose a hydra.run.dir outside it"
+        )
+    if run in data.parents:
+        raise UnsafeOutput(
+            f"data.path={data_path}: lies inside the run directory {run}, which `train "
+            "overwrite=true` empties: move the dataset out of it, or choose another hydra.run.dir"
+        )
+
+
 class Stopped(BaseException):
     """The command was stopped by a signal (``signum``); like KeyboardInterrupt, not an error of
     the input, and raised wherever the main thread is, so cleanup code runs."""

@@ -147,3 +147,24 @@ def validate(cfg: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}{f.name}={shown}: {p}")
         if isinstance(value, DictConfig):
             validate(value, f"{prefix}{f.name}.")
+
+
+def bool_overrides(cfg: DictConfig, overrides: list[str] | None = None) -> None:
+    """Raise :class:`ConfigError` for a bool key given anything but true or false on the command
+    line (``overrides``; None: this Hydra job's, a -m sweep's own values): OmegaConf takes ``yes``,
+    ``on``, ``1`` (and their opposites) as bools, so ``progress=yes`` passed where a typo
+    (``progress=ys``) would stop."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf.nodes import BooleanNode
+
+    if overrides is None:
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        value = None if o.is_delete() else o.value()
+        if value is None or isinstance(value, bool) or str(value).startswith("${"):
+            continue
+        parent, _, name = o.key_or_group.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if isinstance(node, DictConfig) and isinstance(node._get_node(name), BooleanNode):
+            raise ConfigError(f"{o.input_line}: {o.key_or_group} is true or false")

@@ -8,6 +8,7 @@ to a person goes through here.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 # A run's summary, the keys a person looks for first (then the rest, in the order written)
@@ -45,6 +46,16 @@ def best_line(summary: dict[str, Any]) -> str | None:
     )
 
 
+def natural_key(name: str) -> tuple[Any, ...]:
+    """``sorted(names, key=natural_key)``: numbers inside names in numeric order (C1, C2, ...,
+    C10, ``hit_rate/C2`` before ``hit_rate/C10``), the rest by text."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", name)
+        if part
+    )
+
+
 def is_seconds(key: str) -> bool:
     """A duration in seconds (``train_seconds``, ``startup_s``, ``stall_s``), not a rate."""
     return key.endswith(("seconds", "_s")) and not key.endswith("per_s")
@@ -62,6 +73,8 @@ def format_value(key: str, v: Any) -> str:
         return format_bytes(v)
     if is_seconds(key):
         return format_seconds(v)
+    if key.endswith("per_s"):  # a rate: 684 as 1,404, never 684.1062
+        return f"{v:,.0f}"
     if isinstance(v, int) or v.is_integer():  # counters that stats() reports as floats
         return f"{int(v):,}"
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4f}"

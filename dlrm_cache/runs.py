@@ -5,6 +5,7 @@ compared along what differs in their configs (:class:`Sweep`, with `plan`'s hit 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,10 +204,17 @@ def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
 
 
 def _dataset_id(run: RunRecord) -> str:
-    """The dataset as a resolved path when it can be found (a relative and an absolute data.path
-    name the same data), else data.path as written."""
+    """The dataset by identity when it can be found: a digest of its manifest's identity (what a
+    resume checks), so a copy at another path is the same data; else data.path as written."""
+    import hashlib
+
+    from .data.format import Manifest
+
     found = dataset_path(run)
-    return str(found.resolve()) if found else str(run.config["data"]["path"])
+    if found is None:
+        return str(run.config["data"]["path"])
+    identity = json.dumps(Manifest.load(found).identity(), sort_keys=True)
+    return hashlib.sha256(identity.encode()).hexdigest()
 
 
 def dataset_path(run: RunRecord) -> Path | None:

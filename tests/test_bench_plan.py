@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -317,3 +318,41 @@ def test_split_step_makes_the_training_steps_update(precision):
     for name in finals[0]:
         assert torch.equal(finals[0][name], finals[1][name]), name
     assert len(clock.result()) == len(PHASES) + 1
+
+
+def test_bench_rows_show_no_nan_for_what_a_placement_has_not(capsys):
+    """host has no cache and a CPU run no GPU: their rows said ``hit nan (distinct ids nan)``
+    and ``peak GPU nan MiB``; a cache's row shows its hit rate."""
+    bench(_cfg(kind="embedding", num_tables=2, rows_per_table=500, backends=["host", "freq_cache"]))
+    rows = [line for line in capsys.readouterr().out.splitlines() if "ms/iter" in line]
+    host, cache = (next(r for r in rows if r.split()[0] == v) for v in ("host", "freq_cache"))
+    assert "nan" not in host and " hit " not in host, host
+    assert " hit 0." in cache or " hit 1." in cache, cache
+    if not torch.cuda.is_available():
+        assert "nan" not in cache and "peak GPU" not in cache, cache
+
+
+def test_plan_per_table_rows_are_in_table_order(processed_synth: Path, capsys):
+    """The per-table table lists C1, C2, ..., C10, ... (it was C1, C10, C11, ..., C2)."""
+    plan(
+        OmegaConf.structured(
+            PlanConfig(
+                data=DataConfig(path=str(processed_synth)),
+                embedding=FreqCacheEmbeddingConfig(batch_size=32),
+                ratios=[0.05],
+                per_table=True,
+                figure=None,
+            )
+        )
+    )
+    names = re.findall(r"^\| (C\d+) +\|", capsys.readouterr().out, re.M)
+    assert names == SPARSE_NAMES, names
+
+
+def test_per_table_totals_are_in_table_order():
+    """A run's totals (summary.json, metrics.jsonl) list hit_rate/C2 before hit_rate/C10."""
+    from dlrm_cache.train.metrics import StatsTotals
+
+    totals = StatsTotals()
+    totals.add({f"accesses/{n}": 1.0 for n in SPARSE_NAMES})
+    assert list(totals.result()) == [f"accesses/{n}" for n in SPARSE_NAMES]

@@ -260,3 +260,32 @@ def test_a_non_ascii_path_under_a_non_utf8_file_system_encoding_is_one_line(tmp_
     # under UTF-8 the same path is an ordinary one (here: not a dataset yet)
     r = run_cli("verify", str(data), cwd=tmp_path, env_extra={"PYTHONUTF8": "1"}, plain_errors=True)
     assert r.returncode == 1 and "non-ASCII" not in r.stderr and "manifest" in r.stderr, r.stderr
+
+
+def test_plan_and_bench_write_only_their_outputs(processed_synth, tmp_path):
+    """plan and bench made outputs/<command>/<time>/cli.log wherever they ran, also after a
+    failure; like the other commands they now write only what they make (the figure)."""
+    for args, code in (
+        (["plan", "data.path=missing"], 1),
+        (["bench", "kind=loader"], 1),  # needs data_path
+        (["plan", f"data.path={processed_synth}", "ratios=[0.05]", "figure=null"], 0),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        assert res.returncode == code, res.stderr
+        assert list(tmp_path.iterdir()) == [], args
+    res = cli("plan", f"data.path={processed_synth}", "ratios=[0.05]", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (figure,) = tmp_path.rglob("*.*")
+    assert figure.relative_to(tmp_path).parts[:2] == ("outputs", "plan")
+    assert figure.name == "plan.png" and f"figure {figure.relative_to(tmp_path)}" in res.stdout
+
+
+def test_a_bool_key_takes_only_true_or_false(tmp_path):
+    """``progress=yes`` was taken as true (OmegaConf reads yes/no/on/off/1/0 as bools), so a
+    bool key passed values a typo would not: it is one line naming the key, before a run starts."""
+    for typed in ("progress=yes", "test=1", "data.shuffle=off"):
+        res = cli("train", "data.path=missing", typed, cwd=tmp_path, plain_errors=True)
+        key = typed.split("=")[0]
+        assert res.returncode == 1, res.stderr
+        assert res.stderr.strip() == f"dlrm-cache train: error: {typed}: {key} is true or false"
+        assert not [p for p in tmp_path.rglob("*") if not p.is_dir()]  # no run directory

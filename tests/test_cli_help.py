@@ -73,6 +73,19 @@ def test_a_key_shows_type_default_range_and_meaning(capsys):
     assert "max_steps" not in plan and "  ratios=[0.001,0.005,0.015,0.05,0.1]  (" in plan
 
 
+def test_each_meaning_stands_in_its_own_command_help(capsys):
+    """A newcomer met preprocess's ``cache_mb`` ("unused": a key that did nothing), bench
+    ``kind``'s "(see above)" (nothing is above a key in the help) and export's ``dataset`` ending
+    in a sentence about predict."""
+    helps = {c: _main(capsys, c, "--help") for c in COMMANDS}
+    assert not [c for c, h in helps.items() if "unused" in h or "see above" in h]
+    assert "cache_mb" not in helps["preprocess"]
+    assert "embedding (the embedding layer alone) | train" in helps["bench"]
+    export_dataset = helps["export"].split("  dataset=", 1)[1].split("\n  output=", 1)[0]
+    assert "predict" not in export_dataset and "processed input" not in export_dataset
+    assert "a processed input itself" in helps["predict"]
+
+
 def test_a_bad_override_before_help_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         main(["plan", "nosuchkey=1", "--help"])

@@ -37,3 +37,20 @@ def test_the_wheel_builds_quietly_and_ships_every_config(tmp_path: Path):
         for p in src.glob("configs/**/*.yaml")
     }
     assert len(configs) > 15 and configs <= shipped, sorted(configs - shipped)
+
+
+def test_a_python_without_the_dependencies_says_what_to_install(tmp_path: Path):
+    """``python3 -m dlrm_cache --help`` with a system Python (no torch, no hydra) was a
+    ModuleNotFoundError traceback; it is one line naming the module and what to run instead.
+    ``-S``: this interpreter without its site-packages, as a Python outside the venv."""
+    res = subprocess.run(
+        [sys.executable, "-S", "-m", "dlrm_cache", "--help"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert "has no module 'hydra'" in lines[0] and ".venv/bin/dlrm-cache" in lines[0], lines[0]

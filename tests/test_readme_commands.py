@@ -74,3 +74,19 @@ def test_the_printed_hints_and_resume_work_as_typed(processed_synth: Path, tmp_p
     ]
     assert steps == [4, 8]
     assert json.loads((run / "summary.json").read_text())["steps"] == 8
+
+
+def test_the_readme_names_the_directories_the_commands_write():
+    """Every ``outputs/<cmd>/`` or ``runs/<cmd>/`` the README shows is where that command writes
+    (a directory its config names): "Your own dataset" said ``checkpoint=outputs/train/...``
+    while runs are in ``runs/train/``."""
+    import re
+
+    configs = " ".join(
+        line.split(" #", 1)[0]  # the settings, not their comments
+        for path in (REPO / "configs").glob("*.yaml")
+        for line in path.read_text().splitlines()
+        if not line.lstrip().startswith("#")
+    )
+    shown = set(re.findall(r"\b(?:outputs|runs)/\w+/", (REPO / "README.md").read_text()))
+    assert shown and not {d for d in shown if d not in configs}, shown

@@ -492,3 +492,20 @@ def test_unfinished_job_of_a_sweep_is_listed_and_left_out(sweep, tmp_path, capsy
         f"Not finished (no summary.json), left out: {copy / '1'}"
         in (copy / "report.md").read_text()
     )
+
+
+def test_runs_on_one_dataset_read_from_two_paths_are_compared(
+    host_run, processed_synth, tmp_path, capsys
+):
+    """One run read the dataset, another a copy of it elsewhere: report refused them as "runs of
+    different datasets" (it compared the paths); the identity is the manifest's (a digest)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(processed_synth, copy)
+    other = tmp_path / "other"
+    shutil.copytree(host_run, other)
+    recs = records(other)
+    recs[0]["config"]["data"]["path"] = str(copy)
+    (other / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    code, out, err = report_cli(capsys, str(host_run), str(other), f"output={tmp_path / 'out'}")
+    assert code == 0 and err == "", err
+    assert (tmp_path / "out" / "report.md").is_file()

@@ -31,6 +31,7 @@ fail (:class:`BenchFailed`, exit status 1) after the other rows ran, as does a r
 from __future__ import annotations
 
 import json
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -194,6 +195,7 @@ def check_rows(results: list[dict[str, Any]]) -> None:
 
 
 def _row(r: dict[str, Any]) -> str:
+    """A variant's line of the table: time, rate, and what it has of hit rate and GPU memory."""
     if "error" in r:
         return f"  {r['variant']:<24} {'FAILED' if r.get('crashed') else 'skipped'}: {r['error']}"
     st = r.get("stats", {})
@@ -204,12 +206,17 @@ def _row(r: dict[str, Any]) -> str:
             f"  stall {1000 * st['stall_s'] / n:.3f} ms/iter"
             f"  GPU wait for rows {1000 * st.get('transfer_wait_s', 0.0) / n:.3f} ms/iter"
         )
-    line = (
-        f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  "
-        f"{r['samples_per_s']:>12,.0f} samples/s"
-        f"  hit {r['hit_rate']:.4f} (distinct ids {r['hit_rate_distinct']:.4f})"
-        f"  peak GPU {r['peak_gpu_mib']:.0f} MiB{waits}"
-    )
+    line = f"  {r['variant']:<24} {r['ms_per_iter']:9.3f} ms/iter  {r['samples_per_s']:>12,.0f} samples/s"
+    hits = [
+        f"{what}{r[key]:.4f}"
+        for what, key in (("hit ", "hit_rate"), ("distinct ids ", "hit_rate_distinct"))
+        if not math.isnan(r[key])  # NaN: not counted (host and hbm have no cache)
+    ]
+    if hits:
+        line += "  " + (f"{hits[0]} ({hits[1]})" if len(hits) == 2 else hits[0])
+    if not math.isnan(r["peak_gpu_mib"]):  # NaN: no GPU (device=cpu)
+        line += f"  peak GPU {r['peak_gpu_mib']:.0f} MiB"
+    line += waits
     if "breakdown_ms" in r:
         line += "\n" + format_breakdown(r["breakdown_ms"])
     return line

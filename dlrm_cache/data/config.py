@@ -187,9 +187,6 @@ class PreprocessConfig:
     workers: int = checked(
         0, ge=0
     )  # processes per machine (0: the cores this process may use); same output for any
-    cache_mb: int = checked(
-        1024, ge=0
-    )  # unused: every line is parsed once, pass 2 reads pass 1's columns
     overwrite: bool = False  # rebuild even if `output` already holds a dataset
     progress: bool = True  # tqdm progress bars
     # MLPerf DLRM v2's synthetic multi-hot set (data/multihot.py): with `input` a processed

@@ -30,8 +30,9 @@ from .config import SynthConfig
 from .criteo import DAY_FILE, day_file_name
 from .files import atomic_file, atomic_write_text
 from .format import DENSE_NAMES, LABEL, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
+from .rawschema import write_synth_schema
 from .reuse import compare, remove_stale
-from .synthlists import list_text
+from .synthlists import list_sizes, list_text
 from .synthmodel import Chunk, PlantedModel, build_model, sample, sigmoid
 from .synthmodel import table_sizes as table_sizes  # (re-exported: the command's tables)
 
@@ -164,7 +165,9 @@ def synth(cfg: SynthConfig | Any) -> Path:
     settings["generator_version"] = GENERATOR_VERSION
     if int(cfg.files) > int(cfg.lines):
         raise ValueError(f"files={cfg.files}: more files than lines ({cfg.lines})")
+    multi_hot = [n for n, s in zip(SPARSE_NAMES, list_sizes(cfg)) if s > 1]
     if not cfg.force and _up_to_date(out, settings):
+        write_synth_schema(out, multi_hot)  # (an output made before synth wrote one)
         print(f"synth: up to date, reusing {out}")
         return out
 
@@ -220,6 +223,7 @@ def synth(cfg: SynthConfig | Any) -> Path:
         "files": files,
         "settings": settings,
     }
+    write_synth_schema(out, multi_hot)  # its layout, for preprocess (data/rawschema.py)
     atomic_write_text(out / ORACLE, json.dumps(record, indent=2))
     print(
         f"synth: wrote {cfg.lines} lines in {len(files)} file(s) to {out} in {dt:.1f}s "

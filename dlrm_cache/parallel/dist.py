@@ -27,6 +27,15 @@ class DistInfo:
         return self.world_size > 1
 
 
+class SameOnEveryRank(ValueError):
+    """A bad-input error every rank of a job raises alike (decided after a collective): rank 0
+    alone prints it (``quiet`` elsewhere), so N ranks say it in one line, not N."""
+
+    def __init__(self, message: str, info: DistInfo) -> None:
+        super().__init__(message)
+        self.quiet = not info.is_main
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         return (
@@ -83,10 +92,11 @@ def agree_on_config(cfg, info: DistInfo) -> str:
         diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
         if diff:
             k = diff[0]
-            raise ValueError(
+            raise SameOnEveryRank(
                 f"ranks were launched with different configs: {k}={base.get(k)!r} on rank 0 but "
                 f"{other.get(k)!r} on rank {r}"
-                + (f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else "")
+                + (f" (and {len(diff) - 1} more keys)" if len(diff) > 1 else ""),
+                info,
             )
     return everyone[0][1]
 
@@ -106,16 +116,17 @@ def agree_on_data(identity: dict[str, Any] | str, key: str, path: str, info: Dis
     dist.all_gather_object(everyone, identity)
     for r, other in enumerate(everyone):
         if isinstance(other, str):
-            raise ValueError(f"{key}={path}: rank {r} cannot read it ({other})")
+            raise SameOnEveryRank(f"{key}={path}: rank {r} cannot read it ({other})", info)
     base = flatten(everyone[0])
     for r, other in enumerate(everyone[1:], start=1):
         theirs = flatten(other)
         diff = sorted(k for k in set(base) | set(theirs) if base.get(k) != theirs.get(k))
         if diff:
-            raise ValueError(
+            raise SameOnEveryRank(
                 f"{key}={path}: rank {r} reads another dataset there than rank 0 "
                 f"({', '.join(diff[:3])} differ{' ...' if len(diff) > 3 else ''}); every rank "
-                "must read the same dataset (copy it again, or put it on a shared file system)"
+                "must read the same dataset (copy it again, or put it on a shared file system)",
+                info,
             )
 
 

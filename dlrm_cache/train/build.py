@@ -20,6 +20,7 @@ from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM
+from ..outputs import check_apart
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
@@ -303,6 +304,7 @@ def planned_steps(cfg: DictConfig, manifest: Manifest) -> int:
 
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
     run_dir = Path(agree_on_config(cfg, info))
+    check_apart(run_dir, cfg.data.path)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..embedding.rates import is_rate, rate_weight_key
-from ..readable import format_value
+from ..readable import format_value, natural_key
 
 
 class EvalMetrics:
@@ -146,4 +146,4 @@ class StatsTotals:
         out.update(self.levels)
         if not per_table:
             out = {k: v for k, v in out.items() if "/" not in k}
-        return dict(sorted(out.items()))
+        return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))

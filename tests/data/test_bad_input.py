@@ -266,7 +266,7 @@ def test_a_rebuild_in_the_same_process_encodes_with_its_own_tables(tmp_path: Pat
     settings must encode with its own tables, not those mapped for the build before it (it did,
     with exit 0: the shards held the older build's ids)."""
     raw = tiny_synth(tmp_path / "raw", lines=12_000)
-    small = dict(chunk_bytes=8 << 10, rows_per_shard=600, cache_mb=0, workers=1)
+    small = dict(chunk_bytes=8 << 10, rows_per_shard=600, workers=1)
     ref = pp.preprocess(pp_config(raw, tmp_path / "ref", **small))
     out = tmp_path / "ds"
     pp.preprocess(pp_config(raw, out, **small, min_count=2))
@@ -279,7 +279,7 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
     """Killed while building (even seeds: a new output; odd: replacing an older dataset), the
     output is absent or a complete dataset, and the re-run gives the reference dataset exactly."""
     raw = tiny_synth(tmp_path / "raw", lines=12_000)
-    small = dict(chunk_bytes=8 << 10, rows_per_shard=600, cache_mb=0)
+    small = dict(chunk_bytes=8 << 10, rows_per_shard=600)
     ref = pp.preprocess(pp_config(raw, tmp_path / "ref", **small))
     out = tmp_path / "ds"
     if seed % 2:

@@ -40,10 +40,9 @@ def _no_temp_files(out: Path) -> None:
     assert leftovers == []
 
 
-@pytest.mark.parametrize("cache_mb", [1024, 0])  # pass 2 from the parse cache / parsing again
-def test_exact_counts_and_ranks(raw_small: Path, tmp_path: Path, cache_mb: int) -> None:
+def test_exact_counts_and_ranks(raw_small: Path, tmp_path: Path) -> None:
     out = tmp_path / "ds"
-    manifest = pp.preprocess(OmegaConf.structured(pp_config(raw_small, out, cache_mb=cache_mb)))
+    manifest = pp.preprocess(OmegaConf.structured(pp_config(raw_small, out)))
     assert Manifest.load(out) == manifest
 
     per_file, bad, sizes = ref_parse([raw_small / "day_0"])
@@ -134,7 +133,7 @@ def test_gzip_input_matches_plain(raw_small: Path, tmp_path: Path) -> None:
     gz_dir.mkdir()
     (gz_dir / "day_0.gz").write_bytes(gzip.compress((raw_small / "day_0").read_bytes()))
     plain = pp.preprocess(pp_config(raw_small, tmp_path / "plain"))
-    packed = pp.preprocess(pp_config(gz_dir, tmp_path / "packed", chunk_bytes=16 << 10, cache_mb=0))
+    packed = pp.preprocess(pp_config(gz_dir, tmp_path / "packed", chunk_bytes=16 << 10))
     assert packed.table_sizes == plain.table_sizes and packed.bad_lines == plain.bad_lines
     assert packed.stats_digest == plain.stats_digest
     for split in ("train", "val", "test"):

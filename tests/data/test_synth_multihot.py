@@ -102,3 +102,27 @@ def test_default_bytes_unchanged(tmp_path: Path):
 
     out = synth(SynthConfig(output=str(tmp_path), **SMALL, multi_hot_sizes=[]))
     assert hashlib.sha256((out / "day_0").read_bytes()).hexdigest() == DEFAULT_SHA256
+
+
+def test_synth_multi_hot_output_preprocesses_as_it_is(tmp_path: Path, capsys):
+    """``synth multi_hot_sizes=mlperf`` then ``preprocess`` stopped at "categorical not 1-8 hex
+    digits" until the user wrote a 15-column schema: synth writes it (schema.yaml beside its
+    output) and preprocess reads it; without it, the error names ``schema=``."""
+    from dlrm_cache.data.config import PreprocessConfig
+    from dlrm_cache.data.format import Manifest
+    from dlrm_cache.data.preprocess import PreprocessError, preprocess
+
+    raw = synth(SynthConfig(output=str(tmp_path / "raw"), **SMALL, multi_hot_sizes="mlperf"))
+    pp = dict(input=str(raw), progress=False, workers=1)
+    preprocess(PreprocessConfig(output=str(tmp_path / "ds"), **pp))
+    multi = [f"C{j + 1}" for j, s in enumerate(MLPERF_MULTI_HOT_SIZES) if s > 1]
+    assert len(multi) == 15 and Manifest.load(tmp_path / "ds").multi_hot == multi
+    assert f"schema from {raw / 'schema.yaml'}" in capsys.readouterr().out
+    (raw / "schema.yaml").unlink()
+    with pytest.raises(PreprocessError, match=r"a multi-hot list: .*\(schema=") as err:
+        preprocess(PreprocessConfig(output=str(tmp_path / "no_schema"), **pp))
+    assert "\n" not in str(err.value) and not (tmp_path / "no_schema").exists()
+    # one-hot again: synth removes the schema it wrote, its text is Criteo's
+    synth(SynthConfig(output=str(raw), **SMALL, multi_hot_sizes="mlperf"))
+    synth(SynthConfig(output=str(raw), **SMALL))
+    assert not (raw / "schema.yaml").exists()

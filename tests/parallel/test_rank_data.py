@@ -5,10 +5,11 @@ stop at start, every rank with one line naming data.path, before the run directo
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from launching import launch_ranks
+from launching import REPO, TORCHRUN_2, launch_ranks
 from test_distributed import _overrides
 
 
@@ -50,10 +51,25 @@ def test_ranks_reading_different_datasets_stop_naming_data_path(
     )
     for rank in (0, 1):
         msg = out[rank]
-        assert isinstance(msg, str) and msg.startswith("ValueError: data.path=ds: rank 1 "), msg
+        assert isinstance(msg, str) and msg.startswith("SameOnEveryRank: data.path=ds: rank 1 "), (
+            msg
+        )
         assert "\n" not in msg
         if rank1 == "another dataset":
             assert "reads another dataset there than rank 0 (shard_footers differ)" in msg, msg
         else:
             assert f"cannot read it ({Path('ds') / 'manifest.json'}: no manifest" in msg, msg
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+
+
+def test_torchrun_with_no_dataset_says_so_once(tmp_path: Path):
+    """Every rank printed the same "rank 0 cannot read it" line (8 of them under 8 ranks): the
+    ranks agree on the error, so rank 0 alone prints it; the job still exits 1 and leaves no run."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("DLRM_CACHE_TRACEBACK", None)
+    cmd = [*TORCHRUN_2, "train", "data.path=missing", "device=cpu", "dist_timeout_s=60"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dlrm-cache train: error:")]
+    assert len(lines) == 1 and "data.path=missing: rank 0 cannot read it" in lines[0], res.stderr
+    assert not [p for p in tmp_path.rglob("*") if not p.is_dir()]  # no run left

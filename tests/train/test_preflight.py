@@ -106,3 +106,20 @@ def test_checkpoint_tensors_unlike_its_config_are_refused_naming_the_file(
     predict += ["split=val", "progress=false"]
     one_line(*cli(*predict, cwd=tmp_path), "predict", says)
     assert not out.exists()
+
+
+def test_a_run_and_a_dataset_stay_apart(dataset_writer, tmp_path: Path):
+    """``hydra.run.dir=<dataset>/run`` trained, and `preprocess overwrite=true` of the dataset
+    would then delete the run; a dataset in a run dir is emptied by `train overwrite=true` there.
+    Both are refused in one line before the run starts, the dataset left as it was."""
+    ds = tmp_path / "ds"
+    dataset_writer(ds, {"train": 2000, "val": 500}, [50, 200, 1000, 30, 500])
+    before = sorted(ds.rglob("*"))
+    err = one_line(*cli(*train_args(ds, ds / "run"), cwd=tmp_path), "train", "run dir")
+    assert f"lies inside the dataset {ds}, which `preprocess overwrite=true`" in err, err
+    assert sorted(ds.rglob("*")) == before  # the run dir Hydra made there is gone
+    run = tmp_path / "run"
+    shutil.copytree(ds, run / "ds")
+    err = one_line(*cli(*train_args(run / "ds", run), cwd=tmp_path), "train", "data.path=")
+    assert f"lies inside the run directory {run}" in err, err
+    assert not (run / "metrics.jsonl").exists() and (run / "ds" / "manifest.json").is_file()

@@ -29,6 +29,7 @@ from ..config import PreprocessConfig
 from ..files import resolve_path
 from ..format import MANIFEST, Manifest
 from ..parquet import write_shard as _write_shard  # shards are written through this name
+from ..rawschema import beside, load
 from ..schema import Schema, SchemaError, resolve
 from .build import build
 from .errors import PreprocessError
@@ -61,10 +62,16 @@ def preprocess(cfg: PreprocessConfig | Any) -> Manifest:
         runner.close(failed)
 
 
-def _schema(cfg: Any) -> Schema:
-    """The resolved schema of ``cfg`` (Criteo's when it has none)."""
+def _schema(cfg: Any, inp: Path, runner: Runner) -> Schema:
+    """The resolved schema of ``cfg`` (Criteo's when it has none), or of the input's
+    ``schema.yaml`` when ``cfg`` leaves it at Criteo's (:mod:`..rawschema`)."""
     node = getattr(cfg, "schema", None)
     try:
+        if (path := beside(inp, node)) is not None:
+            schema = load(path, int(cfg.hash_modulus))
+            if runner.is_main:
+                print(f"preprocess: schema from {path} (schema= chooses another)")
+            return schema
         return Schema() if node is None else resolve(node, int(cfg.hash_modulus))
     except SchemaError as e:
         raise PreprocessError(str(e)) from None
@@ -76,7 +83,7 @@ def _run(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
 
         return materialize(cfg, inp, out, runner)
     t0 = time.perf_counter()
-    schema = _schema(cfg)
+    schema = _schema(cfg, inp, runner)
     sources = find_sources(inp, "" if schema.format == "criteo" else f".{schema.format}")
     try:  # the rule every command's output follows (the output may be a dataset: it makes them)
         check_output(out, "output", [("input", p) for p in [inp, *sources]], makes=DATASET)

@@ -19,6 +19,20 @@ from .. import criteo
 from .parse import REASONS, Part
 from .splits import SplitPlan
 
+LIST_HINT = (
+    "ids joined by '|' are a multi-hot list: declare the column multi_hot in a schema (schema=, "
+    "README 'Your own dataset'; synth writes its own as schema.yaml beside its output)"
+)
+
+
+def _a_list(message: str) -> bool:
+    """``message`` rejects a Criteo id that holds ``|``: a multi-hot field."""
+    return criteo.BAD_HEX in message and "|" in message.split(criteo.BAD_HEX, 1)[1]
+
+
+def with_list_hint(message: str) -> str:
+    return f"{message}; {LIST_HINT}" if _a_list(message) else message
+
 
 @dataclass
 class BadLineLog:
@@ -43,7 +57,7 @@ class BadLineLog:
             self.counts[REASONS[codes[k]]] = self.counts.get(REASONS[codes[k]], 0) + int(n[k])
         msg = {ln: f"{path}:{file_first_line + ln + 1}: {d}" for ln, d in part.details.items()}
         if self.policy == "fail":
-            raise criteo.BadLineError(msg[int(lines[0])])
+            raise criteo.BadLineError(with_list_hint(msg[int(lines[0])]))
         for ln in lines[: max(0, self.max_reports - len(self.reports))]:
             self.reports.append(msg[int(ln)])
         for k in np.argsort(first):
@@ -87,6 +101,8 @@ def why_no_training_lines(cfg: Any, plan: SplitPlan, bad: BadLineLog) -> str:
         )
     if re.search(r":1: ", bad.first.get(criteo.BAD_LABEL, "")):
         hints.append("line 1 looks like a header (Criteo files have none)")
+    if _a_list(bad.first.get(criteo.BAD_HEX, "")):
+        hints.append(LIST_HINT)
     hints.append("the input must be raw Criteo text: label, 13 integers, 26 hex ids, tab-separated")
     n_bad = sum(bad.counts.values())
     return f"{where}: all {n_bad} training lines are malformed. {per_reason}. ({'; '.join(hints)})"

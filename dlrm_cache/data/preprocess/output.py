@@ -41,7 +41,6 @@ _NOT_OUTPUT_KEYS = frozenset(
         "output",
         "bad_line_reports",
         "chunk_bytes",
-        "cache_mb",
         "overwrite",
         "progress",
         "workers",
