@@ -145,6 +145,48 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def torch_save(obj: Any, path: str | os.PathLike) -> tuple[int, str]:
+    """``torch.save`` to ``path``, on the disk when it returns: its size and sha256.  A failed
+    write is the OSError it was (ENOSPC, EDQUOT, ...): torch's writer reports it as a RuntimeError
+    without its reason."""
+    import torch
+
+    with open(path, "wb") as f:
+        out = _Writes(f)
+        try:
+            # torch.save only calls write/flush on a file object, but its annotation says IO[bytes]
+            torch.save(obj, out)  # type: ignore[arg-type]
+        except RuntimeError:
+            if out.error is not None:
+                raise out.error from None
+            raise
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell(), out.digest.hexdigest()
+
+
+class _Writes:
+    """A file's ``write`` for torch.save that hashes what it writes and keeps the OSError of a
+    failed write."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.error: OSError | None = None
+        self.digest = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.digest.update(memoryview(data).cast("B")[:n])
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def fsync_path(path: str | os.PathLike) -> None:
     """Flush a written file, or a directory's entries, to the disk (a rename must not be able to
     outlive what it renames)."""
