@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .configstore import config_dir, register_configs
 from .console import quiet_known_noise, say, standard_streams
 from .data.files import WriteError
-from .outputs import Stopped
+from .outputs import Stopped, UnsafeOutput
 from .ranges import validate
 from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
 
@@ -375,6 +375,11 @@ QUOTE_HINT = (
 def config_error(e: BaseException) -> str:
     """A Hydra/OmegaConf composition error on one line: what failed, why (the cause's first line),
     and for a missing group option the ones there are."""
+    inner: BaseException | None = e  # a resolver's refusal (train's run dir): its own line
+    while inner is not None and not isinstance(inner, UnsafeOutput):
+        inner = inner.__cause__ or inner.__context__
+    if inner is not None:
+        return str(inner)
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     first = lines[0] if lines else type(e).__name__
     if first.endswith(":") and len(lines) > 1:  # "In 'schema/x': ValidationError raised ...:"

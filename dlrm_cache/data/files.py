@@ -145,6 +145,16 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def file_id(path: str | os.PathLike) -> tuple[int, int] | None:
+    """The device and inode of ``path`` (links followed): what makes two paths one file, a bind
+    mount's and a hard link's included; None when there is nothing there."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def torch_save(obj: Any, path: str | os.PathLike) -> tuple[int, str]:
     """``torch.save`` to ``path``, on the disk when it returns: its size and sha256.  A failed
     write is the OSError it was (ENOSPC, EDQUOT, ...): torch's writer reports it as a RuntimeError
