@@ -226,7 +226,8 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
             print(f"dlrm-cache {command}: interrupted", file=sys.stderr)
             raise SystemExit(130) from None
         except Stopped as e:  # SIGTERM/SIGHUP where a command turns them into an exception
-            print(f"dlrm-cache {command}: stopped by {e}", file=sys.stderr)
+            wrote = f" after it wrote output={e.wrote} (complete)" if e.wrote else ""
+            print(f"dlrm-cache {command}: stopped by {e}{wrote}", file=sys.stderr)
             raise SystemExit(128 + e.signum) from None
 
     return run

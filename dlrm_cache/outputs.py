@@ -109,11 +109,27 @@ def check_output(
 
 class Stopped(BaseException):
     """The command was stopped by a signal (``signum``); like KeyboardInterrupt, not an error of
-    the input, and raised wherever the main thread is, so cleanup code runs."""
+    the input, and raised wherever the main thread is, so cleanup code runs.  ``wrote``: the
+    output the command had already renamed into place (complete) when the signal came, if any."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.wrote: Path | None = None
+
+
+@contextlib.contextmanager
+def reported_if_written(output: Path, made: list[tuple[int, int]]) -> Iterator[None]:
+    """A :class:`Stopped` leaving the block says whether ``output`` is the one this command made
+    (``made``: the device and inode of its temporary file or directory, once created), renamed
+    into place: a signal may come at any moment, the rename's included, so this is asked of the
+    file system rather than of the code's progress."""
+    try:
+        yield
+    except Stopped as e:
+        if made and file_id(output) == made[0]:
+            e.wrote = output
+        raise
 
 
 @contextlib.contextmanager
