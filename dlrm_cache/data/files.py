@@ -7,6 +7,7 @@ into place) and every directory it replaces through :func:`replace_dir`; JSON th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -153,6 +154,29 @@ def file_id(path: str | os.PathLike) -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return (st.st_dev, st.st_ino)
+
+
+# what a write that ran out of room fails with (disk full, quota, file size limit)
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def out_of_room(e: BaseException, where: str | os.PathLike) -> str | None:
+    """Why a write into ``where`` (a directory) failed, naming its file system and the bytes left
+    there, when it ran out of room; None for any other error.  numpy's short write says only
+    "N requested and M written" (no errno): a short write is a full disk or a quota too."""
+    text = one_line(e)
+    if not isinstance(e, OSError):
+        return None
+    if e.errno not in NO_ROOM and " requested and " not in text and "No space left" not in text:
+        return None
+    mount = Path(os.path.realpath(where))
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        free = f"{shutil.disk_usage(mount).free:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return f"{text}: out of room on the file system at {mount}, {free}"
 
 
 def torch_save(obj: Any, path: str | os.PathLike) -> tuple[int, str]:
