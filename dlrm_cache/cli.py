@@ -343,6 +343,11 @@ def main(argv: list[str] | None = None) -> None:
         cause = e if isinstance(e, OSError) else e.__cause__
         if not isinstance(cause, OSError):
             raise
+        if command == "train":  # what Hydra wrote before it failed (a full disk: empty files)
+            from .train.claim import _launched, discard_failed_launch
+
+            for d in _launched:
+                discard_failed_launch(d)
         print(f"dlrm-cache {command}: error: hydra.run.dir: {cause}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:

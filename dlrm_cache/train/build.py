@@ -297,6 +297,11 @@ def load_dataset(cfg: DictConfig, info: DistInfo) -> Manifest:
     splits = ["train", "val", "test"] if cfg.test else ["train", "val"]
     try:
         manifest = Manifest.load(data_path)
+        if cfg.test and "test" not in manifest.splits:  # found now, not silently at the end
+            raise ValueError(
+                f"test=true: {data_path} has no test split (has {', '.join(manifest.splits)}); "
+                "train without test=true, or preprocess the data with one"
+            )
         identity: dict[str, Any] | str = {
             **manifest.identity(),
             "shard_footers": manifest.check_shards(data_path, splits),
@@ -359,6 +364,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     ckpt = open_resume(cfg, manifest) if cfg.resume else None
     if ckpt is not None:
         check_resume_within(cfg, manifest, ckpt, total_steps)
+        ckpt.log_records(run_dir)  # checked against the run's log before anything is moved
     claim_run_dir(
         run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg
     )  # one run per run dir

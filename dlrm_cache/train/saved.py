@@ -23,6 +23,7 @@ import torch
 from ..data.files import check_regular, one_line, sha256_file
 from ..layout import CKPT_DENSE, CKPT_META
 from ..parallel.placement import parse_key
+from ..rundir import CHECKPOINT, METRICS, logged_records
 from .optim import dense_optimizer_problem
 from .recorded import RecordedModel
 
@@ -156,6 +157,7 @@ class Checkpoint:
                     " (cut short or replaced?); resume from another checkpoint"
                 )
         self._verified: set[str] = set()  # the files whose sha256 was checked
+        self._log_checked = False
         self.dense: dict[str, Any] = self._load(CKPT_DENSE)
         self.config: dict[str, Any] = self.meta["config"]
         try:
@@ -228,10 +230,25 @@ class Checkpoint:
 
     def log_records(self, run_dir: Path) -> int | None:
         """How many records the run's metrics.jsonl held at this checkpoint, if it was written into
-        ``run_dir`` (a run resumed there drops the later ones: it redoes those steps)."""
+        ``run_dir`` (a run resumed there drops the later ones: it redoes those steps).  Checked
+        against the log the first time: it holds that many records, the checkpoint's own among
+        them where it records checkpoints (a count beyond the log would keep the later steps'
+        records mid-file)."""
         if self.path.parent.parent.resolve() != Path(run_dir).resolve():
             return None
-        return self.meta["log_records"]
+        n: int = self.meta["log_records"]
+        if not self._log_checked:
+            records = logged_records(Path(run_dir))  # none: no log to cut back
+            saves = [i for i, r in enumerate(records) if r and r.get("kind") == CHECKPOINT]
+            mine = [i for i in saves if records[i].get("step") == self.step]  # type: ignore[union-attr]
+            if records and (n > len(records) or (saves and not any(i < n for i in mine))):
+                raise ValueError(
+                    f"{self.path / CKPT_META}: log_records {n}, but the first {n} of the "
+                    f"{len(records)} records of {Path(run_dir) / METRICS} do not hold this "
+                    f"checkpoint's (step {self.step}); resume from another checkpoint"
+                )
+            self._log_checked = True
+        return n
 
     def tables(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """The requested entries, reading only the files that hold them.
