@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .configstore import config_dir, register_configs
 from .console import quiet_known_noise, say, standard_streams
 from .data.files import WriteError
-from .outputs import Stopped
+from .outputs import Stopped, UnsafeOutput
 from .ranges import bool_overrides, validate
 from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
 
@@ -229,7 +229,8 @@ def _friendly(command: str, fn: Callable[[DictConfig], None]) -> Callable[[DictC
             print(f"dlrm-cache {command}: interrupted", file=sys.stderr)
             raise SystemExit(130) from None
         except Stopped as e:  # SIGTERM/SIGHUP where a command turns them into an exception
-            print(f"dlrm-cache {command}: stopped by {e}", file=sys.stderr)
+            wrote = f" after it wrote output={e.wrote} (complete)" if e.wrote else ""
+            print(f"dlrm-cache {command}: stopped by {e}{wrote}", file=sys.stderr)
             raise SystemExit(128 + e.signum) from None
 
     return run
@@ -345,6 +346,11 @@ def main(argv: list[str] | None = None) -> None:
         cause = e if isinstance(e, OSError) else e.__cause__
         if not isinstance(cause, OSError):
             raise
+        if command == "train":  # what Hydra wrote before it failed (a full disk: empty files)
+            from .train.claim import _launched, discard_failed_launch
+
+            for d in _launched:
+                discard_failed_launch(d)
         print(f"dlrm-cache {command}: error: hydra.run.dir: {cause}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
@@ -378,6 +384,11 @@ QUOTE_HINT = (
 def config_error(e: BaseException) -> str:
     """A Hydra/OmegaConf composition error on one line: what failed, why (the cause's first line),
     and for a missing group option the ones there are."""
+    inner: BaseException | None = e  # a resolver's refusal (train's run dir): its own line
+    while inner is not None and not isinstance(inner, UnsafeOutput):
+        inner = inner.__cause__ or inner.__context__
+    if inner is not None:
+        return str(inner)
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     first = lines[0] if lines else type(e).__name__
     if first.endswith(":") and len(lines) > 1:  # "In 'schema/x': ValidationError raised ...:"

@@ -36,7 +36,7 @@ from .choices import (
     UvmAlgorithm,
     Which,
 )
-from .ranges import checked
+from .ranges import MAX_SEED, checked
 
 DEVICE = r"auto|cpu|cuda(:\d+)?"  # the values of a device field
 
@@ -197,7 +197,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     embedding: Any = MISSING  # one of the embedding schemas above
-    seed: int = checked(0, ge=0)  # initial weights and shuffling: same seed, same run
+    seed: int = checked(0, ge=0, le=MAX_SEED)  # initial weights and shuffling: same seed, same run
     device: str = checked("auto", pattern=DEVICE)  # auto | cpu | cuda | cuda:N
     epochs: int = checked(1, ge=1)  # passes over the train split
     max_steps: int = checked(

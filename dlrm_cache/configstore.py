@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from .after_config import ExportConfig, PredictConfig
 from .config import (
@@ -62,6 +62,13 @@ def _run_id() -> str:
     return time.strftime("%Y-%m-%d/%H-%M-%S")
 
 
+def _checked_run_dir(run_dir: str, *, _root_: DictConfig) -> str:
+    from .train.claim import checked_run_dir
+
+    data_path = OmegaConf.select(_root_, "data.path", default=None, throw_on_missing=False)
+    return checked_run_dir(run_dir, None if data_path is None else str(data_path))
+
+
 def _is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -80,6 +87,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver(
             "dlrm_hydra_subdir", lambda: hydra_subdir() if _is_rank0() else None, use_cache=False
         )
+        # the run directory, checked by the outputs rule before Hydra writes its log file there
+        OmegaConf.register_new_resolver("dlrm_run_dir", _checked_run_dir, use_cache=False)
         # ...and every rank logs to its own file there: train.log, train-rank1.log, ...
         OmegaConf.register_new_resolver(
             "dlrm_rank_suffix",

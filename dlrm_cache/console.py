@@ -106,9 +106,9 @@ def quiet_known_noise() -> None:
 
 class ReaderMayLeave:
     """stdout or stderr of a command whose reader may stop reading (``dlrm-cache ... 2>&1 | head
-    -1``) or that cannot be written at all (a descriptor a wrapper left open read-only): the first
-    write or flush that fails so sends the rest of that stream to /dev/null, and the command goes
-    on.  What a command prints is a report of work that its files hold (a dataset, a run,
+    -1``, a closed terminal) or that cannot be written at all (a descriptor a wrapper left open
+    read-only): the first write or flush that fails so sends the rest of that stream to /dev/null,
+    and the command goes on.  What a command prints is a report of work that its files hold (a dataset, a run,
     predictions) and its progress; a reader that leaves early must not stop that work half-way,
     nor turn a complete output into exit status 1."""
 
@@ -129,7 +129,7 @@ class ReaderMayLeave:
             self._unwritable(e)
 
     def _unwritable(self, e: OSError) -> None:
-        if e.errno not in (errno.EPIPE, errno.EBADF):
+        if e.errno not in (errno.EPIPE, errno.EBADF, errno.EIO):  # EIO: a terminal hung up
             raise e
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._stream.fileno())

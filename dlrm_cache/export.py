@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from .after_config import require
-from .data.files import replace_dir
+from .data.files import WriteError, file_id, one_line, out_of_room, replace_dir, torch_save
 from .data.schema import LIST_SEPARATOR, Schema
 from .model.dcn import cross_shape
-from .outputs import check_output, stop_on_signals
+from .outputs import check_output, reported_if_written, stop_on_signals
 from .trained import Trained, open_trained
 
 STATE_DICT = "state_dict.pt"
@@ -156,11 +156,12 @@ def export(cfg: Any) -> Path:
     """Write ``cfg.output`` (a directory, replaced atomically) from ``cfg.checkpoint`` (and its
     dataset, ``cfg.dataset``); a stop (SIGINT, SIGTERM, an error) leaves no temporary directory."""
     require(cfg, checkpoint="runs/train/DATE/TIME", output="exported")
-    with stop_on_signals():
-        return _export(cfg)
+    made: list[tuple[int, int]] = []  # the temporary directory's device and inode, once made
+    with reported_if_written(Path(str(cfg.output)).expanduser(), made), stop_on_signals():
+        return _export(cfg, made)
 
 
-def _export(cfg: Any) -> Path:
+def _export(cfg: Any, made: list[tuple[int, int]]) -> Path:
     trained = open_trained(str(cfg.checkpoint), cfg.dataset, "dataset", str(cfg.which))
     reads = [("checkpoint", trained.checkpoint.path), ("dataset", trained.data_path)]
     out = check_output(str(cfg.output), "output", reads)
@@ -187,10 +188,15 @@ def _export(cfg: Any) -> Path:
         raise PermissionError(
             f"output={out}: cannot create files in {out.parent} ({e.strerror})"
         ) from None
+    made[:] = [file_id(tmp) or (-1, -1)]
     try:
-        torch.save(state, tmp / STATE_DICT)
+        torch_save(state, tmp / STATE_DICT)
         (tmp / ARGS).write_text(json.dumps(meta, indent=2))
         replace_dir(tmp, out)
+    except OSError as e:  # a full disk, a quota: one line naming the output and the file system
+        why = out_of_room(e, out.parent) or one_line(e)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(f"output={out}: not written ({why}); nothing was replaced") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,18 +1,20 @@
 """Where a command may write its output, and that a stopped command leaves none of it behind.
 
-The rule, for every command that writes an output a user names (`preprocess`, `predict`,
-`export`): the output, with every link followed,
+The rule, for every output a user names (`preprocess`'s, `predict`'s, `export`'s and `report`'s
+``output``, `train`'s run directory): the output, with every link followed,
 
 * is none of the paths the command reads, and contains none of them (the output is replaced when
-  complete: writing it would destroy its own input);
+  complete: writing it would destroy its own input, and ``overwrite=true`` removes a run
+  directory's files first).  Paths are the same when their real paths are, or when they are one
+  file by device and inode (a bind mount shows one directory at two paths; a hard link is two
+  names of one file): the real path alone misses both;
 * lies inside none of the tool's directories (:mod:`.layout`): a checkpoint, a run directory or a
   processed dataset belongs to the command that made it, whose readers trust every file in it
   (a prediction file in a checkpoint directory is one `rm` of a tidy-up away from a lost model,
   and replacing ``tables-rank0.pt`` loses it at once).  The output may *be* such a directory only
-  when the command makes that kind (`preprocess` replaces a dataset it built).
-
-A hard link to an input is harmless: outputs are written under a temporary name and renamed into
-place, which replaces the output's name, never the input's contents.
+  when the command makes that kind (`preprocess` replaces a dataset it built, `train` writes a
+  run, `report` writes into one), and lie inside one only where the command says so (a run's
+  ``abandoned/after_step_K`` is a run inside a run).
 
 :func:`stop_on_signals` turns SIGTERM and SIGHUP (which would end the process at once) into an
 exception, as Python already does for SIGINT, so the ``with``/``except`` blocks that remove
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .data.files import file_id
 from .layout import CKPT_DENSE, CKPT_META, MANIFEST, METRICS
 
 # kind -> what a user calls it in messages
@@ -56,32 +59,43 @@ def kind_of(directory: Path) -> str | None:
     return None
 
 
+def same(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` (real paths) are one file or directory: the same path, or the same device
+    and inode (a bind mount, a hard link).  A path that does not exist is only itself."""
+    if a == b:
+        return True
+    ida = file_id(a)
+    return ida is not None and ida == file_id(b)
+
+
 def check_output(
     output: str | os.PathLike,
     key: str,
     reads: Iterable[tuple[str, str | os.PathLike]] = (),
     makes: str | None = None,
+    inside: tuple[str, ...] = (),
 ) -> Path:
     """``output`` resolved, or :class:`UnsafeOutput` when the rule above refuses it.
 
-    ``key``: the option that named it (``output``); ``reads``: (what it is, path) of everything the
-    command reads (``("input", ...)``, ``("checkpoint", ...)``); ``makes``: the kind of directory the
-    command writes, which the output may replace (``"dataset"`` for `preprocess`).
+    ``key``: the option that named it (``output``, ``hydra.run.dir``); ``reads``: (what it is,
+    path) of everything the command reads (``("input", ...)``, ``("checkpoint", ...)``);
+    ``makes``: the kind of directory the command writes, which the output may be (``"dataset"``
+    for `preprocess`); ``inside``: the kinds it may lie inside.
     """
     out = real(output)
     for what, path in reads:
         p = real(path)
-        if p == out:
+        if same(p, out):
             raise UnsafeOutput(
                 f"{key}={output}: is the {what} {p} this command reads; choose another output"
             )
-        if out in p.parents:
+        if any(same(out, d) for d in p.parents):
             raise UnsafeOutput(
                 f"{key}={output}: would contain the {what} {p}; choose another output"
             )
     for d in (out, *out.parents):
         kind = kind_of(d)
-        if kind is None or (d == out and kind == makes):
+        if kind is None or (d == out and kind == makes) or (d != out and kind in inside):
             continue
         where = (
             f"is the {kind} directory {d}" if d == out else f"lies inside the {kind} directory {d}"
@@ -93,32 +107,29 @@ def check_output(
     return out
 
 
-def check_apart(run_dir: str | os.PathLike, data_path: str | os.PathLike) -> None:
-    """A run directory and a dataset stay apart, or :class:`UnsafeOutput`: a run in a dataset
-    (or in ``data_path``) is deleted by `preprocess overwrite=true` of it, a dataset in a run
-    directory by `train overwrite=true` there."""
-    run, data = real(run_dir), real(data_path)
-    inside = next((d for d in (run, *run.parents) if d == data or kind_of(d) == DATASET), None)
-    if inside is not None:
-        where = "is" if inside == run else "lies inside"
-        raise UnsafeOutput(
-            f"run dir {run}: {where} the dataset {inside}, which `preprocess overwrite=true` "
-            "replaces whole: choose a hydra.run.dir outside it"
-        )
-    if run in data.parents:
-        raise UnsafeOutput(
-            f"data.path={data_path}: lies inside the run directory {run}, which `train "
-            "overwrite=true` empties: move the dataset out of it, or choose another hydra.run.dir"
-        )
-
-
 class Stopped(BaseException):
     """The command was stopped by a signal (``signum``); like KeyboardInterrupt, not an error of
-    the input, and raised wherever the main thread is, so cleanup code runs."""
+    the input, and raised wherever the main thread is, so cleanup code runs.  ``wrote``: the
+    output the command had already renamed into place (complete) when the signal came, if any."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.wrote: Path | None = None
+
+
+@contextlib.contextmanager
+def reported_if_written(output: Path, made: list[tuple[int, int]]) -> Iterator[None]:
+    """A :class:`Stopped` leaving the block says whether ``output`` is the one this command made
+    (``made``: the device and inode of its temporary file or directory, once created), renamed
+    into place: a signal may come at any moment, the rename's included, so this is asked of the
+    file system rather than of the code's progress."""
+    try:
+        yield
+    except Stopped as e:
+        if made and file_id(output) == made[0]:
+            e.wrote = output
+        raise
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ evaluated on N ranks: equal up to float summation order).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from .data.files import WriteError, atomic_file
 from .data.format import MANIFEST, Manifest
 from .data.loader import ShardStream
 from .data.schema import Schema
-from .outputs import check_output, stop_on_signals
+from .outputs import check_output, reported_if_written, stop_on_signals
 from .parallel.dist import resolve_device
 from .rawbatch import Batcher, Indexed
 from .rawinput import (
@@ -69,12 +70,14 @@ class Source:
 def predict(cfg: Any) -> dict[str, Any]:
     """Score ``cfg.input`` with ``cfg.checkpoint``; returns the summary it prints."""
     require(cfg, checkpoint="runs/train/DATE/TIME", input="test.txt", output="predictions.parquet")
-    with stop_on_signals():  # SIGTERM too removes the temporary output
-        return _predict(cfg)
-
-
-def _predict(cfg: Any) -> dict[str, Any]:
     output = Path(str(cfg.output)).expanduser()
+    made: list[tuple[int, int]] = []  # the temporary output's device and inode, once created
+    # SIGTERM too removes the temporary output; one that came after the rename names the output
+    with reported_if_written(output, made), stop_on_signals():
+        return _predict(cfg, output, made)
+
+
+def _predict(cfg: Any, output: Path, made: list[tuple[int, int]]) -> dict[str, Any]:
     fmt = output_format(output, str(cfg.format))
     device = resolve_device(str(cfg.device))
     inp = Path(str(cfg.input)).expanduser()
@@ -105,7 +108,7 @@ def _predict(cfg: Any) -> dict[str, Any]:
     )
     with (
         bar,
-        PredictionWriter(output, fmt, source.index_name, source.labelled) as out,
+        PredictionWriter(output, fmt, source.index_name, source.labelled, made) as out,
         torch.no_grad(),
         _background(source.batches(lambda n: bar.update(n - bar.n))) as batches,
     ):
@@ -131,10 +134,11 @@ def _predict(cfg: Any) -> dict[str, Any]:
                 bar.update(len(index))
         if scored == 0:  # raised inside the writer's block: no output is left
             raise ValueError(nothing_scored(cfg, source))
+        # every label field empty: no metrics.  Computed before the output is renamed into
+        # place, so a signal during it stops the command with no output, as it says
+        results = metrics.compute() if metrics is not None and labelled else None
     seconds = time.perf_counter() - t0
-    if metrics is not None and labelled == 0:
-        metrics = None  # every label field was empty: no metrics to give
-    return _report(cfg, trained, source, output, scored, labelled, seconds, metrics)
+    return _report(cfg, trained, source, output, scored, labelled, seconds, results)
 
 
 def nothing_scored(cfg: Any, source: Source) -> str:
@@ -155,7 +159,7 @@ def _report(
     scored: int,
     labelled: int,
     seconds: float,
-    metrics: EvalMetrics | None,
+    metrics: dict[str, float] | None,
 ) -> dict[str, Any]:
     if source.bad is not None:
         for msg in source.bad.reports:
@@ -178,7 +182,7 @@ def _report(
     if source.labelled and labelled < scored:
         summary["labelled"] = labelled  # the rest had an empty label field
     if metrics is not None:
-        summary.update(metrics.compute())
+        summary.update(metrics)
     summary["output"] = str(output)
     print(format_table(list(summary.items()), title=f"dlrm-cache predict: {cfg.input}"))
     return summary
@@ -281,8 +285,18 @@ class PredictionWriter:
     """Streams prediction rows into a temporary file beside ``path``: renamed into place when the
     ``with`` block ends normally, removed when it raises (no half-written output, ever)."""
 
-    def __init__(self, path: Path, fmt: str, index_name: str, labelled: bool) -> None:
+    def __init__(
+        self,
+        path: Path,
+        fmt: str,
+        index_name: str,
+        labelled: bool,
+        made: list[tuple[int, int]] | None = None,
+    ) -> None:
+        """``made``: given the temporary file's device and inode when it is created (to tell
+        later whether it was renamed into place, :func:`~dlrm_cache.outputs.reported_if_written`)."""
         self.path = path
+        self.made = made if made is not None else []
         self.fmt = fmt
         fields = [(index_name, pa.int64()), ("probability", pa.float32())]
         self.schema = pa.schema(fields + ([("label", pa.int8())] if labelled else []))
@@ -298,6 +312,8 @@ class PredictionWriter:
             raise WriteError(
                 f"output={self.path}: cannot write there ({e.strerror or e})"
             ) from None
+        st = os.fstat(f.fileno())
+        self.made[:] = [(st.st_dev, st.st_ino)]
         if self.fmt == "csv":
             import pyarrow.csv as pacsv
 

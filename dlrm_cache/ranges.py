@@ -27,6 +27,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 _RANGE = "dlrm_cache.range"  # the dataclass field metadata key
 
 
+# The largest seed: what numpy's legacy seeding takes (2**32 - 1), and far enough inside torch's
+# 64 bits for the seeds derived from it (a table's: seed * 1_000_003 + a 32-bit hash).
+MAX_SEED = 2**32 - 1
+
+
 class ConfigError(ValueError):
     """A config value out of its declared range; the message names the key."""
 
@@ -90,7 +95,10 @@ class Range:
 
     @staticmethod
     def _need(bounds: list[tuple[str, Callable[[Any, Any], bool], float]]) -> str:
-        return " and ".join(f"{op} {b:g}" for op, _, b in bounds)
+        # an integer bound as all its digits (2**32 - 1 is not 4.29497e+09)
+        return " and ".join(
+            f"{op} {b if isinstance(b, int) else format(b, 'g')}" for op, _, b in bounds
+        )
 
     def describe(self) -> str:
         """The range as help shows it (``>= 1 or -1``, ``each > 0 and <= 1, non-empty``)."""

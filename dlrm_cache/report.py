@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from .data.files import atomic_write_text
 from .embedding.rates import rate_weight_key
+from .outputs import RUN, check_output
 from .panels import Line, Panel
 from .readable import best_line, format_value, summary_order
 from .rundir import METRICS, REPORT_MD, REPORT_PNG, SUMMARY
@@ -376,6 +377,15 @@ def sweep_markdown(sweep: Sweep, where: str) -> str:
 
 
 # ----------------------------------------------------------------------------------- the command
+def _checked(output: str | None, default: Path) -> Path:
+    """Where the report goes: ``output``, else ``default``; by the outputs rule, a run directory
+    (a run's own report, an abandoned branch's inside it) or any other directory, but no
+    checkpoint or dataset directory, nor one inside them."""
+    where = Path(output) if output else default
+    check_output(where, "output" if output else "runs", makes=RUN, inside=(RUN,))
+    return where
+
+
 def report(cfg: DictConfig) -> dict[str, Path]:
     """Write report.png and report.md; returns their paths."""
     from .figures import draw_panels
@@ -385,14 +395,14 @@ def report(cfg: DictConfig) -> dict[str, Path]:
         run = runs[0]
         if not run.train and not run.evals:
             raise ValueError(f"{run.path / METRICS}: no train or eval records yet: nothing to draw")
-        out = Path(cfg.output) if cfg.output else run.path
+        out = _checked(cfg.output, run.path)
         worst = worst_hit_tables(run, cfg.worst_tables)
         draw_panels(run_panels(run, cfg.worst_tables), run_title(run), out / REPORT_PNG)
         atomic_write_text(out / REPORT_MD, run_markdown(run, worst))
     else:
         where = str(sweep_dir) if sweep_dir else "runs side by side"
         sweep = compare(runs)
-        out = Path(cfg.output) if cfg.output else (sweep_dir or Path("."))
+        out = _checked(cfg.output, sweep_dir or Path("."))
         draw_panels(sweep_panels(sweep), sweep_title(sweep, where), out / REPORT_PNG)
         atomic_write_text(out / REPORT_MD, sweep_markdown(sweep, where))
     paths = {"png": out / REPORT_PNG, "md": out / REPORT_MD}

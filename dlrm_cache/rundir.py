@@ -44,6 +44,13 @@ BEST: Final = (
 )
 SUMMARY_RECORD: Final = "summary"  # the final summary (as summary.json)
 
+# What `report` reads of each kind of record: numbers (a null is a number: no value), checked
+# when the log is read back, so a record without one is a line naming it, not a KeyError.
+NUMBERS: Final = {
+    TRAIN: ("step", "loss", "samples_per_s"),
+    EVAL: ("step", "auc", "logloss"),
+}
+
 
 class JsonlLog:
     """Appends one JSON object per line; only rank 0 writes.
@@ -113,6 +120,14 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
                 records.append(_nulls_as_nan(json.loads(line)))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{metrics}:{i}: not a JSON record ({e.msg})") from None
+            r = records[-1]
+            kind = r.get("kind") if isinstance(r, dict) else None
+            missing = [k for k in NUMBERS.get(str(kind), ()) if not _number(r.get(k))]
+            if missing:
+                raise ValueError(
+                    f"{metrics}:{i}: a {kind} record without the number {missing[0]!r} "
+                    "(not written by dlrm-cache train, or edited)"
+                )
     if not records:
         raise ValueError(f"{metrics}: empty (the run wrote no records)")
     if records[0].get("kind") != START or "config" not in records[0]:
@@ -120,6 +135,10 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
             f"{metrics}:1: no start record with the run's config (not written by dlrm-cache train)"
         )
     return records
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def logged_records(run_dir: Path) -> list[dict[str, Any] | None]:

@@ -14,6 +14,7 @@ command fails (exit 1) if there was any.  Reads the whole dataset once, a shard 
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,34 @@ def check_statistics(root: Path, manifest: Manifest) -> bool:
     return True
 
 
+# what the manifest claims of how its dataset was built, also recorded by what built it
+BUILD_KEYS = ("hash_modulus", "min_count")
+
+
+def check_build_record(root: Path, manifest: Manifest) -> None:
+    """Raise ValueError naming the manifest when it claims another ``hash_modulus`` or
+    ``min_count`` than the build recorded in ``preprocess.json`` (a multi-hot set: its input's,
+    which it keeps) and the statistics' summary: a manifest edited after the build maps raw ids
+    (predict's raw input) otherwise than its shards were.  A dataset without those records (built
+    elsewhere) has nothing to compare."""
+    from .data.preprocess.output import SETTINGS  # (not at import: configstore imports this)
+
+    for record in (root / SETTINGS, root / SUMMARY):
+        try:
+            built = json.loads(record.read_text()) if record.is_file() else {}
+        except ValueError as e:
+            raise ValueError(f"{record}: not JSON ({one_line(e)})") from None
+        if isinstance(built, dict) and isinstance(built.get("input_identity"), dict):
+            built = built["input_identity"]  # the multi-hot materialization's record
+        for key in BUILD_KEYS:
+            if isinstance(built, dict) and key in built and built[key] != getattr(manifest, key):
+                raise ValueError(
+                    f"{root / MANIFEST}: {key} {getattr(manifest, key)}, but {record} records "
+                    f"{built[key]}, which the dataset was built with (the manifest was edited?); "
+                    "preprocess the data again"
+                )
+
+
 def verify(cfg: VerifyConfig | Any) -> None:
     if OmegaConf.is_missing(cfg, "data_path"):
         raise ValueError("no dataset: dlrm-cache verify DATASET_DIR (or data_path=DATASET_DIR)")
@@ -96,6 +125,7 @@ def verify(cfg: VerifyConfig | Any) -> None:
     files += 1
     stats = True
     try:
+        check_build_record(root, manifest)
         stats = check_statistics(root, manifest)
     except (ValueError, OSError) as e:
         bad += 1

@@ -93,6 +93,17 @@ def test_every_shipped_config_is_in_range() -> None:
             "embedding=uvm_cache embedding.cache_ratio=2",
             "embedding.cache_ratio=2.0: must be > 0 and <= 1",
         ),
+        # issue 38 target 7: before, "Overflow when unpacking long long" after the build started
+        (
+            "train",
+            "seed=9223372036854775807",
+            "seed=9223372036854775807: must be >= 0 and <= 4294967295",
+        ),
+        (
+            "preprocess",
+            "multi_hot_seed=4294967296",
+            "multi_hot_seed=4294967296: must be >= 0 and <= 4294967295",
+        ),
         ("synth", "lines=0", "lines=0: must be >= 1"),
         ("synth", "missing_rate=1.5", "missing_rate=1.5: must be >= 0 and <= 1"),
         ("synth", "positive_rate=1", "positive_rate=1.0: must be > 0 and < 1"),

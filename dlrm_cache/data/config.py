@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ranges import Choice, checked
+from ..ranges import MAX_SEED, Choice, checked
 
 
 class Split(Choice):
@@ -194,7 +194,8 @@ class PreprocessConfig:
     # >= 1 per feature); each one-hot id x becomes [x, *T[x]] with MLPerf's lookup tables T.
     multi_hot_sizes: Any = field(default_factory=list)
     multi_hot_distribution: MultiHotDistribution = MultiHotDistribution.uniform  # T's ids
-    multi_hot_seed: int = checked(0, ge=0)  # seeds T as MLPerf's np.random.seed (0 in MLPerf)
+    # seeds T as MLPerf's np.random.seed (0 in MLPerf)
+    multi_hot_seed: int = checked(0, ge=0, le=MAX_SEED)
     # the raw data's layout: a config group (schema=criteo, the default; your own file through
     # hydra.searchpath), see README "Your own dataset"
     schema: SchemaConfig = field(default_factory=SchemaConfig)

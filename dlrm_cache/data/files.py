@@ -7,6 +7,7 @@ into place) and every directory it replaces through :func:`replace_dir`; JSON th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -143,6 +144,81 @@ def sha256_file(path: str | os.PathLike) -> str:
         while b := f.read(1 << 20):
             h.update(b)
     return h.hexdigest()
+
+
+def file_id(path: str | os.PathLike) -> tuple[int, int] | None:
+    """The device and inode of ``path`` (links followed): what makes two paths one file, a bind
+    mount's and a hard link's included; None when there is nothing there."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+# what a write that ran out of room fails with (disk full, quota, file size limit)
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def out_of_room(e: BaseException, where: str | os.PathLike) -> str | None:
+    """Why a write into ``where`` (a directory) failed, naming its file system and the bytes left
+    there, when it ran out of room; None for any other error.  numpy's short write says only
+    "N requested and M written" (no errno): a short write is a full disk or a quota too."""
+    text = one_line(e)
+    if not isinstance(e, OSError):
+        return None
+    if e.errno not in NO_ROOM and " requested and " not in text and "No space left" not in text:
+        return None
+    mount = Path(os.path.realpath(where))
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        free = f"{shutil.disk_usage(mount).free:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return f"{text}: out of room on the file system at {mount}, {free}"
+
+
+def torch_save(obj: Any, path: str | os.PathLike) -> tuple[int, str]:
+    """``torch.save`` to ``path``, on the disk when it returns: its size and sha256.  A failed
+    write is the OSError it was (ENOSPC, EDQUOT, ...): torch's writer reports it as a RuntimeError
+    without its reason."""
+    import torch
+
+    with open(path, "wb") as f:
+        out = _Writes(f)
+        try:
+            # torch.save only calls write/flush on a file object, but its annotation says IO[bytes]
+            torch.save(obj, out)  # type: ignore[arg-type]
+        except RuntimeError:
+            if out.error is not None:
+                raise out.error from None
+            raise
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell(), out.digest.hexdigest()
+
+
+class _Writes:
+    """A file's ``write`` for torch.save that hashes what it writes and keeps the OSError of a
+    failed write."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.error: OSError | None = None
+        self.digest = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.digest.update(memoryview(data).cast("B")[:n])
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def fsync_path(path: str | os.PathLike) -> None:

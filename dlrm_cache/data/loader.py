@@ -43,6 +43,7 @@ from .format import LABEL, Manifest
 from .idrange import check_ids
 from .lists import Lists, concat_columns, read_lists
 from .parquet import open_parquet, read_errors
+from .unchanged import DatasetFiles
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
@@ -206,6 +207,7 @@ class ShardStream:
         check_batch_split(batch_size, world_size, key, exact=drop_last)
         self.root = Path(root)
         self.info = manifest.splits[split]
+        self.files = DatasetFiles(self.root, manifest, split)  # checked at every shard read
         self.table_sizes = manifest.table_sizes
         self.split = split
         self.batch_size = batch_size
@@ -253,6 +255,7 @@ class ShardStream:
             raise ValueError(f"{path}: missing column '{missing[0]}'; preprocess the data again")
         with read_errors(path):
             table = shard.read()  # one chunk per column: to_numpy() below copies nothing
+        self.files.check(self.info.shards[idx])  # still the dataset the stream started with
         n = table.num_rows
         perm = (
             np.random.default_rng([self.seed, epoch, idx]).permutation(n) if self.shuffle else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from ..config import config_dict
 from ..threads import Prefetcher
 from .config import SynthConfig
 from .criteo import DAY_FILE, day_file_name
-from .files import atomic_file, atomic_write_text
+from .files import atomic_file, atomic_write_text, to_json
 from .format import DENSE_NAMES, LABEL, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
 from .rawschema import write_synth_schema
 from .reuse import compare, remove_stale
@@ -123,9 +124,13 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def _auroc(score: np.ndarray, label: np.ndarray) -> float:
+    """The AUC of ``score`` for ``label``; NaN (written as null) when the labels are of one class
+    only, where it has no value (torchmetrics would say 0 and warn)."""
     import torch
     from torchmetrics.functional import auroc
 
+    if len(np.unique(label)) < 2:
+        return float("nan")
     auc = auroc(torch.from_numpy(score), torch.from_numpy(label.astype(np.int64)), task="binary")
     assert auc is not None  # None only for an unknown task
     return float(auc)
@@ -212,8 +217,9 @@ def synth(cfg: SynthConfig | Any) -> Path:
     prob = sigmoid(score.astype(np.float64))
     eps = 1e-12
     logloss = -np.mean(label * np.log(prob + eps) + (1 - label) * np.log(1 - prob + eps))
+    auc = _auroc(score, label)
     record = {
-        "oracle_auc": _auroc(score, label),
+        "oracle_auc": auc,
         # Exact log loss of the true probabilities only when logit_noise == 0.
         "oracle_logloss": float(logloss),
         "positive_rate": float(label.mean()),
@@ -224,10 +230,11 @@ def synth(cfg: SynthConfig | Any) -> Path:
         "settings": settings,
     }
     write_synth_schema(out, multi_hot)  # its layout, for preprocess (data/rawschema.py)
-    atomic_write_text(out / ORACLE, json.dumps(record, indent=2))
+    atomic_write_text(out / ORACLE, to_json(record, indent=2))  # no AUC of one class: null
+    shown = f"{auc:.4f}" if math.isfinite(auc) else "n/a (the labels are of one class)"
     print(
         f"synth: wrote {cfg.lines} lines in {len(files)} file(s) to {out} in {dt:.1f}s "
-        f"({int(cfg.lines) / dt:,.0f} lines/s written); oracle AUC {record['oracle_auc']:.4f}, "
+        f"({int(cfg.lines) / dt:,.0f} lines/s written); oracle AUC {shown}, "
         f"positives {record['positive_rate']:.3f}, tables {sum(sizes)} rows"
     )
     return out

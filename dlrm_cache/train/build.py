@@ -20,7 +20,6 @@ from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM
-from ..outputs import check_apart
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
@@ -272,6 +271,11 @@ def load_dataset(cfg: DictConfig, info: DistInfo) -> Manifest:
     splits = ["train", "val", "test"] if cfg.test else ["train", "val"]
     try:
         manifest = Manifest.load(data_path)
+        if cfg.test and "test" not in manifest.splits:  # found now, not silently at the end
+            raise ValueError(
+                f"test=true: {data_path} has no test split (has {', '.join(manifest.splits)}); "
+                "train without test=true, or preprocess the data with one"
+            )
         identity: dict[str, Any] | str = {
             **manifest.identity(),
             "shard_footers": manifest.check_shards(data_path, splits),
@@ -304,7 +308,6 @@ def planned_steps(cfg: DictConfig, manifest: Manifest) -> int:
 
 def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> TrainingRun:
     run_dir = Path(agree_on_config(cfg, info))
-    check_apart(run_dir, cfg.data.path)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     data_path = Path(cfg.data.path)
@@ -317,6 +320,7 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
     resumed = resumed_state(cfg, run_dir, ckpt, info)
     if ckpt is not None:
         check_resume_trains(cfg, steps_per_epoch(cfg, manifest), ckpt, total_steps, resumed)
+        ckpt.log_records(run_dir)  # checked against the run's log before anything is moved
     claim_run_dir(
         run_dir, ckpt.path if ckpt else None, cfg.overwrite, info, cfg
     )  # one run per run dir

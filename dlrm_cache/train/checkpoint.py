@@ -3,8 +3,9 @@
 A checkpoint is a directory ``checkpoints/step_<N>/``: ``dense.pt`` (written by rank 0), one
 ``tables-rank<R>.pt`` per rank that owns tables (full tables in row order, whatever their placement
 or cache state) and ``meta.json``, written last: the step, which file holds which table, every
-file's size, the run's config and the identity of its dataset.  Tables are found by name, so a
-checkpoint written by N ranks can be resumed by M ranks with any table placement.
+file's size and sha256 (``files``, ``digests``), the run's config and the identity of its dataset.
+Tables are found by name, so a checkpoint written by N ranks can be resumed by M ranks with any
+table placement.
 
 Crash safety: everything is written (and fsync'ed) into ``.step_<N>.tmp/``, which replaces
 ``step_<N>/`` by :func:`~dlrm_cache.data.files.replace_dir`, so a kill at any point leaves every
@@ -36,6 +37,7 @@ from ..data.files import (
     one_line,
     recover_dir,
     replace_dir,
+    torch_save,
 )
 from ..data.format import Manifest
 from ..layout import CKPT_DENSE, CKPT_META
@@ -67,22 +69,23 @@ def save_checkpoint(
         _clean_left_behind(root)
         tmp.mkdir(parents=True)
     _barrier()
-    files: dict[str, tuple[list[str], int]] = {}  # file -> (its entries, its size)
+    files: dict[str, tuple[list[str], int, str]] = {}  # file -> (its entries, size, sha256)
     try:
         if tables:
             name = f"tables-rank{rank}.pt"
-            files[name] = (sorted(tables), _save(tables, tmp / name))
+            files[name] = (sorted(tables), *torch_save(tables, tmp / name))
         if dist.is_initialized():
             gathered: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
             dist.all_gather_object(gathered, files)
             files = {k: v for g in gathered for k, v in g.items()}
         if rank == 0:
-            files[CKPT_DENSE] = ([], _save(dense, tmp / CKPT_DENSE))
+            files[CKPT_DENSE] = ([], *torch_save(dense, tmp / CKPT_DENSE))
             record = {
                 **meta,
                 "step": step,
-                "tables": {k: f for f, (keys, _) in files.items() for k in keys},
-                "files": {f: size for f, (_, size) in files.items()},
+                "tables": {k: f for f, (keys, _, _) in files.items() for k in keys},
+                "files": {f: size for f, (_, size, _) in files.items()},
+                "digests": {f: digest for f, (_, _, digest) in files.items()},  # saved.py checks
             }
             atomic_write_text(tmp / CKPT_META, json.dumps(record, indent=1))
             fsync_path(tmp / CKPT_META)
@@ -103,40 +106,6 @@ def save_checkpoint(
 def step_dir(run_dir: Path, step: int) -> Path:
     """Where :func:`save_checkpoint` puts the checkpoint of ``step``."""
     return Path(run_dir) / CKPT_DIR / f"step_{step:08d}"
-
-
-def _save(obj: dict[str, Any], path: Path) -> int:
-    """torch.save, on the disk before the checkpoint is renamed into place; returns the size."""
-    with open(path, "wb") as f:
-        out = _Writes(f)
-        try:
-            # torch.save only calls write/flush on a file object, but its annotation says IO[bytes]
-            torch.save(obj, out)  # type: ignore[arg-type]
-        except RuntimeError:
-            if out.error is not None:  # torch's writer reports a failed write without its reason
-                raise out.error from None
-            raise
-        f.flush()
-        os.fsync(f.fileno())
-        return f.tell()
-
-
-class _Writes:
-    """A file's ``write`` for torch.save that keeps the OSError (ENOSPC, EDQUOT, ...) of a failed write."""
-
-    def __init__(self, f) -> None:
-        self.f = f
-        self.error: OSError | None = None
-
-    def write(self, data) -> int:
-        try:
-            return self.f.write(data)
-        except OSError as e:
-            self.error = e
-            raise
-
-    def flush(self) -> None:
-        self.f.flush()
 
 
 def _clean_left_behind(root: Path) -> None:

@@ -241,16 +241,44 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def discard_failed_launch() -> None:
+def checked_run_dir(run_dir: str, data_path: str | None) -> str:
+    """``run_dir`` (Hydra's output directory of a train job), or :class:`UnsafeOutput` when the
+    outputs rule refuses it: the dataset ``data_path``, a directory containing it (which
+    ``overwrite=true`` would empty), or a directory inside a dataset or a checkpoint.  Hydra asks
+    it before it writes anything there but the directory itself (train.yaml's log file name),
+    which is then removed again if empty.  The one check of train's run directory."""
+    from ..outputs import RUN, UnsafeOutput, check_output
+
+    _launched[:] = [Path(run_dir)]
+    reads = [("dataset", data_path)] if data_path else []
+    try:
+        check_output(run_dir, "hydra.run.dir", reads, makes=RUN, inside=(RUN,))
+    except UnsafeOutput:
+        with contextlib.suppress(OSError):
+            os.rmdir(run_dir)  # Hydra made it for this job: only if nothing is in it
+        raise
+    return run_dir
+
+
+_launched: list[Path] = []  # the run directory Hydra made for this job (checked_run_dir)
+
+
+def discard_failed_launch(out: Path | None = None) -> None:
     """Remove the run directory of a train job that failed before it wrote anything (bad config,
-    missing data): one that holds only what Hydra wrote for the job (``.hydra/``, ``train*.log``),
-    and its date directory (``runs/train/<date>/``) if that is left empty.  Rank 0 only; a
-    directory holding anything else (a run, a lock, a user's file) is left as it is."""
+    missing data, a full disk under Hydra's own files): one that holds only what Hydra wrote for
+    the job (``.hydra/``, ``train*.log``), and its date directory (``runs/train/<date>/``) if that
+    is left empty.  ``out``: that directory (default: Hydra's output directory of this job).
+    Rank 0 only; a directory holding anything else (a run, a lock, a user's file) is left as it
+    is."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized() or int(os.environ.get("RANK", "0")) != 0:
+    if int(os.environ.get("RANK", "0")) != 0:
         return
-    out = Path(HydraConfig.get().runtime.output_dir).resolve()
+    if out is None:
+        if not HydraConfig.initialized():
+            return
+        out = Path(HydraConfig.get().runtime.output_dir)
+    out = out.resolve()
     try:
         names = [p.name for p in out.iterdir()]
     except OSError:

@@ -51,9 +51,9 @@ def find_oracle(manifest: Manifest) -> float | None:
     for src in manifest.sources[:1]:
         p = Path(src).parent / "oracle.json"
         if p.is_file():
-            try:
+            try:  # null: the labels were of one class (no AUC)
                 return float(json.loads(p.read_text())["oracle_auc"])
-            except (KeyError, ValueError):
+            except (KeyError, ValueError, TypeError):
                 return None
     return None
 

@@ -1,10 +1,12 @@
 """A saved checkpoint, read back: its ``meta.json`` checked, then its files, weights only.
 
 Everything a checkpoint directory holds is checked before it is used: ``meta.json`` against
-:data:`META_SCHEMA` (types, ranges, every file named with its size, no file outside the
-directory), each file's size, then the tensors against the model the checkpoint records.  The
-``.pt`` files are read with ``torch.load(weights_only=True)``: tensors and plain containers only,
-so a crafted file cannot run code.  Writing and finding checkpoints: :mod:`.checkpoint`.
+:data:`META_SCHEMA` (types, ranges, every file named with its size and sha256, no file outside
+the directory), each file's size, each file's sha256 before it is first read, then the tensors
+against the model the checkpoint records.  The ``.pt`` files are read with
+``torch.load(weights_only=True)``: tensors and plain containers only, so a crafted file cannot
+run code.  A checkpoint written before digests were recorded (no ``digests`` in its meta.json) is
+read with its sizes checked only.  Writing and finding checkpoints: :mod:`.checkpoint`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 
 import torch
 
-from ..data.files import check_regular, one_line
+from ..data.files import check_regular, one_line, sha256_file
 from ..layout import CKPT_DENSE, CKPT_META
 from ..parallel.placement import parse_key
+from ..rundir import CHECKPOINT, METRICS, logged_records
 from .optim import dense_optimizer_problem
 from .recorded import RecordedModel
 
@@ -76,12 +79,24 @@ META_SCHEMA: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
+# optional (checkpoints written before it lack it): file name -> sha256 of its bytes, every file
+DIGESTS = "digests"
+
+
+def _digests(v: Any) -> bool:
+    hexdigit = set("0123456789abcdef")
+    return isinstance(v, dict) and all(
+        isinstance(d, str) and len(d) == 64 and set(d) <= hexdigit for d in v.values()
+    )
+
+
 def meta_problem(meta: Any, directory: Path) -> str | None:
     """What is wrong with a parsed meta.json of the checkpoint in ``directory``, or None.
 
     Every key of :data:`META_SCHEMA` with its type and range; every file it names (the dense
-    part's included) recorded with its size, a plain name that resolves to a file inside
-    ``directory`` itself (no path, no ``..``, no link out): a checkpoint reads only its own files.
+    part's included) recorded with its size (and its sha256, where :data:`DIGESTS` is recorded),
+    a plain name that resolves to a file inside ``directory`` itself (no path, no ``..``, no link
+    out): a checkpoint reads only its own files.
     """
     if not isinstance(meta, dict):
         return f"a JSON {type(meta).__name__}, not an object"
@@ -90,6 +105,8 @@ def meta_problem(meta: Any, directory: Path) -> str | None:
             return f"no {key!r}"
         if not ok(meta[key]):
             return f"{key!r} must be {what}"
+    if DIGESTS in meta and not _digests(meta[DIGESTS]):
+        return f"{DIGESTS!r} must be an object of file name -> sha256 (64 hex digits)"
     home = directory.resolve()
     for name in sorted({*meta["tables"].values(), *meta["files"], CKPT_DENSE}):
         if name not in meta["files"]:
@@ -100,6 +117,8 @@ def meta_problem(meta: Any, directory: Path) -> str | None:
             or (home / name).resolve().parent != home
         ):
             return f"{name!r} is not a file of this checkpoint directory"
+        if DIGESTS in meta and name not in meta[DIGESTS]:
+            return f"no sha256 recorded for {name!r} in {DIGESTS!r}"
     return None
 
 
@@ -137,7 +156,9 @@ class Checkpoint:
                     f"{f}: {found} but {meta_path} records {want}"
                     " (cut short or replaced?); resume from another checkpoint"
                 )
-        self.dense: dict[str, Any] = load_data(self.path / CKPT_DENSE)
+        self._verified: set[str] = set()  # the files whose sha256 was checked
+        self._log_checked = False
+        self.dense: dict[str, Any] = self._load(CKPT_DENSE)
         self.config: dict[str, Any] = self.meta["config"]
         try:
             self.model = RecordedModel.of(self.meta)
@@ -154,6 +175,20 @@ class Checkpoint:
                 "resume from another checkpoint"
             )
 
+    def _load(self, name: str, mmap: bool = False) -> Any:
+        """:func:`load_data` of the checkpoint's file ``name``, its sha256 checked against
+        meta.json's the first time it is read (a byte flipped on the disk is not a weight)."""
+        path = self.path / name
+        want = self.meta.get(DIGESTS, {}).get(name)
+        if want is not None and name not in self._verified:
+            if sha256_file(path) != want:
+                raise ValueError(
+                    f"{path}: its sha256 is not the one {self.path / CKPT_META} records (damaged "
+                    "or replaced since it was saved); resume from another checkpoint"
+                )
+            self._verified.add(name)
+        return load_data(path, mmap=mmap)
+
     def table_problem(self, key: str, value: Any) -> str | None:
         """:meth:`RecordedModel.table_problem`, where the checkpoint records a model."""
         if self.model is None:
@@ -169,7 +204,7 @@ class Checkpoint:
         the files' indexes are read), so a resume refuses a bad file before anything is built."""
         stored: dict[str, str] = self.meta["tables"]
         for name in sorted(set(stored.values())):
-            data = load_data(self.path / name, mmap=True)
+            data = self._load(name, mmap=True)
             for key in sorted(k for k, f in stored.items() if f == name):
                 value = data.get(key) if isinstance(data, dict) else None
                 problem = self.table_problem(key, value)
@@ -195,10 +230,25 @@ class Checkpoint:
 
     def log_records(self, run_dir: Path) -> int | None:
         """How many records the run's metrics.jsonl held at this checkpoint, if it was written into
-        ``run_dir`` (a run resumed there drops the later ones: it redoes those steps)."""
+        ``run_dir`` (a run resumed there drops the later ones: it redoes those steps).  Checked
+        against the log the first time: it holds that many records, the checkpoint's own among
+        them where it records checkpoints (a count beyond the log would keep the later steps'
+        records mid-file)."""
         if self.path.parent.parent.resolve() != Path(run_dir).resolve():
             return None
-        return self.meta["log_records"]
+        n: int = self.meta["log_records"]
+        if not self._log_checked:
+            records = logged_records(Path(run_dir))  # none: no log to cut back
+            saves = [i for i, r in enumerate(records) if r and r.get("kind") == CHECKPOINT]
+            mine = [i for i in saves if records[i].get("step") == self.step]  # type: ignore[union-attr]
+            if records and (n > len(records) or (saves and not any(i < n for i in mine))):
+                raise ValueError(
+                    f"{self.path / CKPT_META}: log_records {n}, but the first {n} of the "
+                    f"{len(records)} records of {Path(run_dir) / METRICS} do not hold this "
+                    f"checkpoint's (step {self.step}); resume from another checkpoint"
+                )
+            self._log_checked = True
+        return n
 
     def tables(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """The requested entries, reading only the files that hold them.
@@ -217,7 +267,7 @@ class Checkpoint:
         def load(k: str) -> torch.Tensor:
             f = stored[k]
             if f not in files:
-                files[f] = load_data(self.path / f, mmap=True)
+                files[f] = self._load(f, mmap=True)
             value = files[f].get(k) if isinstance(files[f], dict) else None
             problem = self.table_problem(k, value)
             if problem is not None or not isinstance(value, torch.Tensor):

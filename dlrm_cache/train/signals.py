@@ -1,5 +1,6 @@
-"""Preemption: SIGTERM (what schedulers send before they kill) and SIGINT (Ctrl-C) stop `train`
-after the current step with a checkpoint of it, instead of losing everything since the last one.
+"""Preemption: SIGTERM (what schedulers send before they kill), SIGINT (Ctrl-C) and SIGHUP (the
+terminal was closed) stop `train` after the current step with a checkpoint of it, instead of
+losing everything since the last one.
 
 While :func:`stop_signals` is active the signals only set a flag.  The step loop asks
 :class:`StopAgreement` after every step (and evaluation after every batch, and the loop once
@@ -9,7 +10,8 @@ stopped alone would leave the others waiting in a collective): the ranks exchang
 with an asynchronous all-reduce on a gloo group of their own, answered one step later, so no
 step waits for it.  The loop then saves a checkpoint of that step with the usual crash-safe
 protocol (every rank) and :func:`exit_preempted` prints where it is and how to resume, and exits
-with 128 + the signal number (143 for SIGTERM, 130 for SIGINT), as a process killed by it would.
+with 128 + the signal number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP), as a process
+killed by it would.
 
 A second signal ends the process at once, by the signal's default action: the checkpoint being
 written is crash-safe, the previous one stays complete.
@@ -37,13 +39,13 @@ from ..streams import streams_for
 from ..typed import typed_override
 from .checkpoint import step_dir
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _received: list[int] = []  # the stop signals received while stop_signals() is active
 
 
 @contextmanager
 def stop_signals() -> Iterator[None]:
-    """SIGTERM and SIGINT set a flag inside the block (only the main thread may install handlers:
+    """SIGTERM, SIGINT and SIGHUP set a flag inside the block (only the main thread may install handlers:
     elsewhere the block changes nothing)."""
     if threading.current_thread() is not threading.main_thread():
         yield

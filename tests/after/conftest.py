@@ -16,6 +16,7 @@ import pytest
 import torch
 from after_runs import Run, _train, train_overrides
 
+from dlrm_cache.data.files import sha256_file
 from dlrm_cache.train.saved import Checkpoint
 
 
@@ -67,6 +68,7 @@ def row_sharded_run(host_run: Run, tmp_path_factory) -> Run:
         torch.save(part, dst / name)
         meta["tables"].update({k: name for k in part})
         meta["files"][name] = (dst / name).stat().st_size
+        meta["digests"][name] = sha256_file(dst / name)
     (dst / "meta.json").write_text(json.dumps(meta))
     return Run(run, host_run.summary)
 

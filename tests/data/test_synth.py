@@ -127,3 +127,11 @@ def test_config_errors(tmp_path: Path) -> None:
     assert (
         min(table_sizes(SynthConfig())) == 3
     )  # a preset table smaller than the floor keeps its size
+
+
+def test_one_line_of_one_class_has_no_oracle_auc(tmp_path: Path, capsys, recwarn) -> None:
+    """Issue 38, target 7.  Before: ``oracle_auc: 0.0`` and a torchmetrics warning."""
+    out = tiny_synth(tmp_path / "one", lines=1)
+    assert json.loads((out / "oracle.json").read_text())["oracle_auc"] is None
+    assert "oracle AUC n/a (the labels are of one class)" in capsys.readouterr().out
+    assert not [w for w in recwarn if "torchmetrics" in str(w.filename) + str(w.message)]

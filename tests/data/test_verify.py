@@ -84,6 +84,12 @@ DEFECTS = {
         "manifest.json: not a dataset manifest (shard 'train/part-00001.parquet' is listed in "
         "splits.train and splits.val)",
     ),
+    # issue 38 target 7: before, "ok", and raw and processed predictions of one line then differed
+    "hash_modulus edited after the build": (
+        _manifest(lambda m: m.update(hash_modulus=100)),
+        "manifest.json: hash_modulus 100, but",
+        "preprocess.json records 0, which the dataset was built with",
+    ),
     "statistics out of rank order": (
         _counts_out_of_rank_order,
         "stats/counts.parquet: table C1's ids are repeated or not in count order",

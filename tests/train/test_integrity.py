@@ -170,7 +170,9 @@ def _wait_for_steps(d: Path, alive, timeout: float = 200) -> None:
     raise AssertionError("no training step recorded")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
+)
 def test_signal_saves_the_current_step_and_resume_is_bit_identical(data: Path, tmp_path: Path, sig):
     """Signalled while it trains: a second job into the run dir is refused (the lock), the run
     saves a checkpoint of the step it was in, says how to resume in one line, exits 128+signal;

@@ -5,12 +5,12 @@ or loaded."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from ckpt_files import record_file
 from test_integrity import cli, one_line, train_args
 
 STEP = "checkpoints/step_00000002"
@@ -64,31 +64,42 @@ def test_dense_layers_larger_than_memory_are_refused_before_allocating(data: Pat
 
 
 def _swap_dense(run: Path, other: Path) -> str:
-    """``run``'s dense.pt replaced by ``other``'s (another top MLP), its size recorded."""
+    """``run``'s dense.pt replaced by ``other``'s (another top MLP), its size and sha256 recorded."""
     step = run / STEP
     shutil.copy(other / STEP / "dense.pt", step / "dense.pt")
-    meta = json.loads((step / "meta.json").read_text())
-    meta["files"]["dense.pt"] = (step / "dense.pt").stat().st_size
-    (step / "meta.json").write_text(json.dumps(meta))
+    record_file(step, "dense.pt")
     return f"{step / 'dense.pt'}: not the model {step / 'meta.json'} describes"
 
 
 def _short_table(run: Path, other: Path) -> str:
-    """Table C3 (1000 rows) cut to 999 rows in tables-rank0.pt, its size recorded."""
+    """Table C3 (1000 rows) cut to 999 rows in tables-rank0.pt, its size and sha256 recorded."""
     step = run / STEP
     tables = torch.load(step / "tables-rank0.pt", weights_only=True)
     tables["C3.weight"] = tables["C3.weight"][:999].clone()
     torch.save(tables, step / "tables-rank0.pt")
-    meta = json.loads((step / "meta.json").read_text())
-    meta["files"]["tables-rank0.pt"] = (step / "tables-rank0.pt").stat().st_size
-    (step / "meta.json").write_text(json.dumps(meta))
+    record_file(step, "tables-rank0.pt")
     return (
         f"{step / 'tables-rank0.pt'}: C3.weight is float32 [999, 8] but meta.json makes "
         "it float32 [1000, 8]"
     )
 
 
-@pytest.mark.parametrize("damage", [_swap_dense, _short_table], ids=["dense", "table"])
+def _flipped_byte(run: Path, other: Path) -> str:
+    """One byte of table C3's first weight flipped on the disk (its exponent: a weight of 1e36 or
+    so), the file's size unchanged.  Before: `predict` and `resume=` took the weight, exit 0."""
+    path = run / STEP / "tables-rank0.pt"
+    weight = torch.load(path, weights_only=True)["C3.weight"]
+    data = bytearray(path.read_bytes())
+    at = data.index(weight[:4].contiguous().numpy().tobytes()) + 3  # sign and exponent byte
+    data[at] ^= 0x7E
+    path.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(path, weights_only=True)["C3.weight"], weight)
+    return f"{path}: its sha256 is not the one {run / STEP / 'meta.json'} records (damaged"
+
+
+@pytest.mark.parametrize(
+    "damage", [_swap_dense, _short_table, _flipped_byte], ids=["dense", "table", "flipped byte"]
+)
 def test_checkpoint_tensors_unlike_its_config_are_refused_naming_the_file(
     trained: dict[str, Path], data: Path, tmp_path: Path, damage
 ):
@@ -106,20 +117,3 @@ def test_checkpoint_tensors_unlike_its_config_are_refused_naming_the_file(
     predict += ["split=val", "progress=false"]
     one_line(*cli(*predict, cwd=tmp_path), "predict", says)
     assert not out.exists()
-
-
-def test_a_run_and_a_dataset_stay_apart(dataset_writer, tmp_path: Path):
-    """``hydra.run.dir=<dataset>/run`` trained, and `preprocess overwrite=true` of the dataset
-    would then delete the run; a dataset in a run dir is emptied by `train overwrite=true` there.
-    Both are refused in one line before the run starts, the dataset left as it was."""
-    ds = tmp_path / "ds"
-    dataset_writer(ds, {"train": 2000, "val": 500}, [50, 200, 1000, 30, 500])
-    before = sorted(ds.rglob("*"))
-    err = one_line(*cli(*train_args(ds, ds / "run"), cwd=tmp_path), "train", "run dir")
-    assert f"lies inside the dataset {ds}, which `preprocess overwrite=true`" in err, err
-    assert sorted(ds.rglob("*")) == before  # the run dir Hydra made there is gone
-    run = tmp_path / "run"
-    shutil.copytree(ds, run / "ds")
-    err = one_line(*cli(*train_args(run / "ds", run), cwd=tmp_path), "train", "data.path=")
-    assert f"lies inside the run directory {run}" in err, err
-    assert not (run / "metrics.jsonl").exists() and (run / "ds" / "manifest.json").is_file()

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ckpt_files import record_file
 from omegaconf import DictConfig
 from test_train import _params as params
 from tiny import TINY_MODEL
@@ -261,10 +262,9 @@ class _Payload:
 
 
 def _set_size(ckpt: Path, name: str) -> None:
-    """What an attacker also does: make meta.json's recorded size match the crafted file."""
-    meta = json.loads((ckpt / "meta.json").read_text())
-    meta.setdefault("files", {})[name] = (ckpt / name).stat().st_size
-    (ckpt / "meta.json").write_text(json.dumps(meta))
+    """What an attacker also does: make meta.json's recorded size and sha256 match the crafted
+    file."""
+    record_file(ckpt, name)
 
 
 def _crafted_torch_dense(ckpt: Path, marker: Path) -> str:
@@ -511,9 +511,7 @@ def test_resume_keeps_the_dense_optimizer_implementation_of_the_resuming_device(
         assert group["fused"] is True  # this machine's Adagrad
         group.update(fused=None, foreach=True)  # as torch 2.11 on a GPU writes it
     torch.save(dense, ckpt / "dense.pt")
-    meta = json.loads((ckpt / "meta.json").read_text())
-    meta["files"]["dense.pt"] = (ckpt / "dense.pt").stat().st_size
-    (ckpt / "meta.json").write_text(json.dumps(meta))
+    record_file(ckpt, "dense.pt")
     run = build_run(at(cfg, tmp_path / "new", ckpt), torch.device("cpu"), DistInfo())
     try:
         assert restore(run) == 12

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...config import config_dict
 from .. import criteo
-from ..files import recover_dir
+from ..files import WriteError, out_of_room, recover_dir
 from ..format import MANIFEST, Manifest
 from ..reuse import compare, remove_stale
 from ..schema import SCHEMA_FILE, Schema
@@ -175,9 +175,15 @@ def publish(root: Path, out: Path, runner: Runner, make: Callable[[], Manifest])
         runner.gather(None)  # every rank's shards are in before rank 0 renames
         if runner.is_main:
             replace_dir(root, out)
-    except BaseException:
+    except BaseException as e:
+        why = out_of_room(e, root.parent)  # numpy's short write names no file, no disk
         if runner.is_main:
             runner.close(failed=True)
             shutil.rmtree(root, ignore_errors=True)
+        if why is not None:
+            raise WriteError(
+                f"output {out}: not written: a write into {root} failed ({why}); "
+                "nothing was replaced, the build directory is removed"
+            ) from None
         raise
     return manifest
