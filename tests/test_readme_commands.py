@@ -1,5 +1,6 @@
-"""The commands README shows and train prints work as typed: the `plots:` hint from a shell with
-no venv active, in another directory; `resume=RUN` continues that run in its own directory."""
+"""The commands the manual (README.md and its docs/ pages) shows and train prints work as typed: the
+`plots:` hint from a shell with no venv active, in another directory; `resume=RUN` continues that
+run in its own directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from launching import REPO
+from manual import manual_pages, manual_text
 from tiny import TINY_MODEL
 
 SMALL = [
@@ -61,8 +63,9 @@ def test_the_printed_hints_and_resume_work_as_typed(processed_synth: Path, tmp_p
     (run,) = (work / "runs" / "train").glob("*/*")
     assert (run / "report.png").is_file()
 
-    # README: `dlrm-cache train resume=runs/train/<date>/<time>` continues from its latest
+    # the manual: `dlrm-cache train resume=runs/train/<date>/<time>` continues from its latest
     # checkpoint, in that directory
+    assert "dlrm-cache train resume=runs/train/" in manual_text()
     rel = run.relative_to(work)
     res = _sh(f".././bin/dlrm-cache train {common} max_steps=8 resume={rel}", work)
     assert res.returncode == 0, res.stderr
@@ -77,9 +80,9 @@ def test_the_printed_hints_and_resume_work_as_typed(processed_synth: Path, tmp_p
 
 
 def test_the_readme_names_the_directories_the_commands_write():
-    """Every ``outputs/<cmd>/`` or ``runs/<cmd>/`` the README shows is where that command writes
-    (a directory its config names): "Your own dataset" said ``checkpoint=outputs/train/...``
-    while runs are in ``runs/train/``."""
+    """Every ``outputs/<cmd>/`` or ``runs/<cmd>/`` the manual (README.md and every docs/ page)
+    shows is where that command writes (a directory its config names): "Your own dataset" said
+    ``checkpoint=outputs/train/...`` while runs are in ``runs/train/``."""
     import re
 
     configs = " ".join(
@@ -88,5 +91,10 @@ def test_the_readme_names_the_directories_the_commands_write():
         for line in path.read_text().splitlines()
         if not line.lstrip().startswith("#")
     )
-    shown = set(re.findall(r"\b(?:outputs|runs)/\w+/", (REPO / "README.md").read_text()))
-    assert shown and not {d for d in shown if d not in configs}, shown
+    shown = {
+        (page.relative_to(REPO).as_posix(), d)
+        for page in manual_pages()
+        for d in re.findall(r"\b(?:outputs|runs)/\w+/", page.read_text())
+    }
+    assert {page for page, _ in shown} >= {"README.md"}, shown  # the README shows where runs go
+    assert not {(page, d) for page, d in shown if d not in configs}, shown

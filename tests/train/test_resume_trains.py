@@ -1,8 +1,8 @@
 """A resume that cannot train says so (issue 38, target 4): ``train resume=RUN`` of a finished
 run trained 0 steps, exited 0 and moved its ``summary.json`` into ``abandoned/``; it is refused
 in one line, before anything moves, naming the step the run ended at and the key to raise.  The
-README's "continue from its final checkpoint" continues with that key.  Commands run through
-``dlrm-cache`` in process (``cli.main``).
+manual's "continue from its final checkpoint" (README.md) continues with that key.  Commands run
+through ``dlrm-cache`` in process (``cli.main``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def files(run: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize(
     "extra, says",
     [
-        ([], "raise epochs (e.g. epochs=2) to train on"),  # the README's example as written
+        ([], "raise epochs (e.g. epochs=2) to train on"),  # docs/reliability.md's example
         (["max_steps=23"], "raise epochs (e.g. epochs=2) and max_steps (now 23) to train on"),
         (["epochs=2", "max_steps=23"], "raise max_steps (e.g. max_steps=46) to train on"),
     ],
