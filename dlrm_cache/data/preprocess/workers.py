@@ -55,9 +55,11 @@ class Runner:
                 dist.init_process_group(backend="gloo")
                 self._own_group = True
         self.workers = workers
+        before = {p.pid for p in mp.active_children()}
         self.pool = (
             mp.get_context("fork").Pool(workers, initializer=_init_worker) if workers > 1 else None
         )
+        self._workers = [p for p in mp.active_children() if p.pid not in before]
 
     @property
     def is_main(self) -> bool:
@@ -101,16 +103,37 @@ class Runner:
     def close(self, failed: bool = False) -> None:
         if self.pool is not None:
             if failed:
-                self.pool.terminate()  # nothing keeps writing into a directory about to be removed
+                _terminate(
+                    self.pool, self._workers
+                )  # nothing keeps writing into a directory about to be removed
             else:
                 self.pool.close()
-            self.pool.join()
+                self.pool.join()
             self.pool = None
         if self._own_group:  # gloo's threads must not outlive the interpreter (it aborts at exit)
             import torch.distributed as dist
 
             dist.destroy_process_group()
             self._own_group = False
+
+
+TERMINATE_WAIT_S = 30.0
+
+
+def _terminate(pool: Any, workers: list) -> None:
+    """``pool.terminate()`` and its join, waited for at most :data:`TERMINATE_WAIT_S`, then the
+    workers killed: CPython's clean-up of a pool whose ``imap`` was left mid-way can block before
+    it signals the workers (draining a queue whose lock a dead worker holds), which hung a failed
+    preprocess for good.  Only the pool's daemon threads may outlive the wait."""
+    import threading
+
+    ender = threading.Thread(target=lambda: (pool.terminate(), pool.join()), daemon=True)
+    ender.start()
+    ender.join(TERMINATE_WAIT_S)
+    if ender.is_alive():
+        for w in workers:
+            w.kill()
+            w.join()
 
 
 def star(args: Iterable) -> Any:
