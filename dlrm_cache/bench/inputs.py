@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..choices import Hotness
+from ..config.choices import Hotness
 from ..data.format import KAGGLE_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, SPARSE_NAMES
 from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import TableSpec

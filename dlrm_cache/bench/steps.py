@@ -20,8 +20,8 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..choices import Precision
-from ..config import backend_target
+from ..config.choices import Precision
+from ..config.schemas import backend_target
 from ..data.format import NUM_DENSE
 from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec

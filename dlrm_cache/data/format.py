@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..layout import MANIFEST as MANIFEST  # (re-exported: the dataset's marker)
-from .files import atomic_write_text, check_regular, one_line
+from ..files.atomic import atomic_write_text, check_regular, one_line
+from ..files.layout import MANIFEST as MANIFEST  # (re-exported: the dataset's marker)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq

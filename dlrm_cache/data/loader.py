@@ -15,7 +15,7 @@ lengths and offsets depend only on the batch size: :class:`OneIdPerSample` build
 A multi-hot dataset (``Manifest.multi_hot``) keeps every feature as a jagged column instead
 (:mod:`.lists`; a one-hot feature's lists have length 1): a batch's KJT has int32 lengths
 ``[F*b]``, offsets of the ids' dtype and its per-key lengths known on the host
-(:class:`~dlrm_cache.jagged.JaggedLayout` moves it), built with numpy, no loop per sample.
+(:class:`~dlrm_cache.embedding.jagged.JaggedLayout` moves it), built with numpy, no loop per sample.
 
 Under sharded embeddings (torchrun, parallel/sharded.py) a rank's batch holds its rows' dense
 features and labels, but its own shards' ids over the *whole* global batch (every rank decodes the
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..jagged import JaggedLayout, assemble
+from ..embedding.jagged import JaggedLayout, assemble
 from ..parallel.owned import OwnedShards, rank_rows
 from ..parallel.placement import Shard
 from .format import LABEL, Manifest

@@ -13,17 +13,17 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ..console import Progress
-from ..data.files import one_line
+from ..console.say import Progress
 from ..data.format import Manifest
 from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
+from ..files.atomic import one_line
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
 from ..parallel.placement import Shard, available_host_bytes, plan_placement
 from ..parallel.sharded import ShardedEmbeddings
-from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
+from ..rundir.records import CHECKPOINT, EVAL, JsonlLog, open_log
 from .best import Tracker
 from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
@@ -353,8 +353,8 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned
     )
     keep = resumed.keep
-    from ..tensorboard import attach as attach_tensorboard
-    from ..tensorboard import cut_back as cut_back_tensorboard
+    from ..rundir.tensorboard import attach as attach_tensorboard
+    from ..rundir.tensorboard import cut_back as cut_back_tensorboard
 
     if keep is not None and info.is_main:  # before the log is cut: its records say what to keep
         cut_back_tensorboard(run_dir, keep)

@@ -8,8 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..console.readable import format_value, natural_key
 from ..embedding.rates import is_rate, rate_weight_key
-from ..readable import format_value, natural_key
 
 
 class EvalMetrics:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..choices import Precision
+from ..config.choices import Precision
 from ..data.loader import Batch
 
 

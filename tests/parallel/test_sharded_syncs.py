@@ -18,7 +18,7 @@ import torch.distributed as dist
 from launching import launch_ranks
 
 from dlrm_cache.bench.syncs import HostSyncCounter
-from dlrm_cache.choices import Pooling
+from dlrm_cache.config.choices import Pooling
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.loader import Batch, ShardStream
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state

@@ -8,13 +8,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .data.files import atomic_write_text
-from .data.format import Manifest
-from .data.stats import counted_samples, load_counts
-from .embedding.base import SparseOptim
-from .embedding.freq_cache.layout import pinned_batches, plan_table
-from .readable import natural_key
-from .train.metrics import format_table
+from ..console.readable import natural_key
+from ..data.format import Manifest
+from ..data.stats import counted_samples, load_counts
+from ..embedding.base import SparseOptim
+from ..embedding.freq_cache.layout import pinned_batches, plan_table
+from ..files.atomic import atomic_write_text
+from ..train.metrics import format_table
 
 
 def plan_series(
@@ -43,7 +43,7 @@ def cache_mib(cache_rows: int, bytes_per_row: int) -> float:
 def plan(cfg: DictConfig) -> list[dict]:
     """Predicted hit rate (share of lookups served by the device cache) for each cache ratio, for
     the freq_cache ``cfg.embedding`` at the batch size of ``cfg.data`` (the job `train` runs)."""
-    from .config import backend_target
+    from ..config.schemas import backend_target
 
     emb = cfg.embedding
     if emb._target_ != backend_target("freq_cache"):
@@ -92,7 +92,7 @@ def plan(cfg: DictConfig) -> list[dict]:
     if cfg.output:
         atomic_write_text(cfg.output, json.dumps(rows, indent=1))
     if cfg.figure:
-        from .figures import draw_plan
+        from ..plots.draw import draw_plan
 
         series = plan_series(rows, bytes_per_row, dim, cfg.per_table)
         title = f"dlrm-cache plan: {data} ({len(counts)} tables, {total_rows:,} rows)"

@@ -13,12 +13,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .data.files import atomic_write_text
-from .embedding.rates import rate_weight_key
-from .outputs import RUN, check_output
-from .panels import Line, Panel
-from .readable import best_line, format_value, summary_order
-from .rundir import METRICS, REPORT_MD, REPORT_PNG, SUMMARY
+from ..console.readable import best_line, format_value, summary_order
+from ..embedding.rates import rate_weight_key
+from ..files.atomic import atomic_write_text
+from ..files.outputs import RUN, check_output
+from ..plots.panels import Line, Panel
+from ..rundir.records import METRICS, REPORT_MD, REPORT_PNG, SUMMARY
 from .runs import RunRecord, Sweep, compare, find_runs, flat_config, short_value
 
 
@@ -388,7 +388,7 @@ def _checked(output: str | None, default: Path) -> Path:
 
 def report(cfg: DictConfig) -> dict[str, Path]:
     """Write report.png and report.md; returns their paths."""
-    from .figures import draw_panels
+    from ..plots.draw import draw_panels
 
     runs, sweep_dir = find_runs([Path(p) for p in cfg.runs])
     if len(runs) == 1:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .data.files import file_id
+from .atomic import file_id
 from .layout import CKPT_DENSE, CKPT_META, MANIFEST, METRICS
 
 # kind -> what a user calls it in messages

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 from omegaconf import MISSING, OmegaConf
 
-from .data.files import one_line
-from .data.format import LABEL, MANIFEST, Manifest
-from .data.idrange import check_ids
-from .data.parquet import read_parquet
-from .data.stats import COUNTS, SUMMARY, check_stats
+from ..files.atomic import one_line
+from .format import LABEL, MANIFEST, Manifest
+from .idrange import check_ids
+from .parquet import read_parquet
+from .stats import COUNTS, SUMMARY, check_stats
 
 
 @dataclass
@@ -82,7 +82,7 @@ def check_build_record(root: Path, manifest: Manifest) -> None:
     which it keeps) and the statistics' summary: a manifest edited after the build maps raw ids
     (predict's raw input) otherwise than its shards were.  A dataset without those records (built
     elsewhere) has nothing to compare."""
-    from .data.preprocess.output import SETTINGS  # (not at import: configstore imports this)
+    from .preprocess.output import SETTINGS  # (not at import: configstore imports this)
 
     for record in (root / SETTINGS, root / SUMMARY):
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from .confighelp import format_help, keys
+from ..config.help import format_help, keys
 
 HELP_FLAGS = ("--help", "-h")
 FLAGS = ["--help", "--cfg", "-m"]

@@ -1,7 +1,7 @@
 """`dlrm-cache predict`: click probabilities of a trained run, for raw Criteo lines or a split.
 
 Streaming: raw text is parsed ``chunk_bytes`` at a time on a background thread (as `preprocess`
-reads it, see :mod:`dlrm_cache.rawinput`), a processed split is read shard by shard as training's
+reads it, see :mod:`dlrm_cache.after.rawinput`), a processed split is read shard by shard as training's
 evaluation reads it; batches of ``batch_size`` go through the run's model and out to the file, so
 memory is bounded by the chunk and the tables (memory-mapped from the checkpoint), not the input.
 
@@ -9,7 +9,7 @@ Output: one row per scored line: ``line`` (1-based line number in a raw file) or
 position in a processed split), ``probability`` (float32), and ``label`` where the input has one
 (null for a line whose label field is empty: scored, and left out of the metrics).  It is written
 under a temporary name beside ``output`` and renamed into place when complete; the output may not
-be an input nor lie in a checkpoint, run or dataset directory (:mod:`dlrm_cache.outputs`), and an
+be an input nor lie in a checkpoint, run or dataset directory (:mod:`dlrm_cache.files.outputs`), and an
 input of which no line can be scored is an error, not an empty output.
 
 With labels, AUC, log loss and accuracy are computed by training's own evaluation metrics over the
@@ -33,13 +33,15 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
-from .after_config import require
-from .data.files import WriteError, atomic_file
-from .data.format import MANIFEST, Manifest
-from .data.loader import ShardStream
-from .data.schema import Schema
-from .outputs import check_output, reported_if_written, stop_on_signals
-from .parallel.dist import resolve_device
+from ..concurrency.threads import Prefetcher
+from ..data.format import MANIFEST, Manifest
+from ..data.loader import ShardStream
+from ..data.schema import Schema
+from ..files.atomic import WriteError, atomic_file
+from ..files.outputs import check_output, reported_if_written, stop_on_signals
+from ..parallel.dist import resolve_device
+from ..train.metrics import EvalMetrics, format_table
+from .config import require
 from .rawbatch import Batcher, Indexed
 from .rawinput import (
     LABELLED,
@@ -50,8 +52,6 @@ from .rawinput import (
     read_rows,
     read_schema_rows,
 )
-from .threads import Prefetcher
-from .train.metrics import EvalMetrics, format_table
 from .trained import Trained, open_trained
 
 
@@ -294,7 +294,7 @@ class PredictionWriter:
         made: list[tuple[int, int]] | None = None,
     ) -> None:
         """``made``: given the temporary file's device and inode when it is created (to tell
-        later whether it was renamed into place, :func:`~dlrm_cache.outputs.reported_if_written`)."""
+        later whether it was renamed into place, :func:`~dlrm_cache.files.outputs.reported_if_written`)."""
         self.path = path
         self.made = made if made is not None else []
         self.fmt = fmt

@@ -16,15 +16,15 @@ from typing import Any
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from .choices import Pooling
-from .config import Precision, flatten
-from .data.format import MANIFEST, Manifest
-from .embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
-from .model.dcn import cross_shape
-from .model.dlrm import DLRM
-from .rundir import hydra_cwd
-from .train.best import Chosen, choose_checkpoint
-from .train.saved import Checkpoint
+from ..config.choices import Pooling
+from ..config.schemas import Precision, flatten
+from ..data.format import MANIFEST, Manifest
+from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, pooled
+from ..model.dcn import cross_shape
+from ..model.dlrm import DLRM
+from ..rundir.records import hydra_cwd
+from ..train.best import Chosen, choose_checkpoint
+from ..train.saved import Checkpoint
 
 
 class FrozenTables(EmbeddingBackend):

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from .data.files import atomic_file
+from ..files.atomic import atomic_file
 from .panels import Panel
 
 DPI = 100

@@ -1,5 +1,5 @@
 """The values of the configs' choice fields, as enums: importable without Hydra (the model, bench
-and the embedding backends use them).  See :class:`dlrm_cache.ranges.Choice`."""
+and the embedding backends use them).  See :class:`dlrm_cache.config.ranges.Choice`."""
 
 from __future__ import annotations
 

@@ -30,15 +30,15 @@ from typing import Any
 import numpy as np
 
 # The one place that knows where preprocessing's parsing and id mapping live (re-point it here).
-from .data import criteo, rawtext, tabular
-from .data.files import one_line
-from .data.format import Manifest
-from .data.lists import Lists
-from .data.preprocess.badlines import BadLineLog
-from .data.preprocess.header import first_fields, header_problem, refuse_parquet
-from .data.preprocess.parse import bad_part, hash_ids
-from .data.schema import Schema, file_columns
-from .data.stats import FeatureStats, load_feature_stats
+from ..data import criteo, rawtext, tabular
+from ..data.format import Manifest
+from ..data.lists import Lists
+from ..data.preprocess.badlines import BadLineLog
+from ..data.preprocess.header import first_fields, header_problem, refuse_parquet
+from ..data.preprocess.parse import bad_part, hash_ids
+from ..data.schema import Schema, file_columns
+from ..data.stats import FeatureStats, load_feature_stats
+from ..files.atomic import one_line
 
 LABELLED = criteo.NUM_FIELDS  # label, I1..I13, C1..C26
 UNLABELLED = criteo.NUM_FIELDS - 1  # Kaggle's test.txt

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .readable import is_seconds
+from ..console.readable import is_seconds
 
 FILE_VERSION = "brain.Event:2"
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -191,8 +191,8 @@ def cut_back(run_dir: str | os.PathLike, keep: int) -> None:
     and scalars; an event of a later record, or of none (cut from the log before), is dropped.
     Each file is rewritten whole under a temporary name: a kill leaves it as it was or cut.
     """
-    from .data.files import atomic_file
-    from .rundir import logged_records
+    from ..files.atomic import atomic_file
+    from .records import logged_records
 
     files = sorted(Path(run_dir).glob(EVENTS_GLOB))
     if not files:

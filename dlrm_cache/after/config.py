@@ -1,6 +1,6 @@
 """Config schemas of the commands that use a trained run: `dlrm-cache predict` and `export`.
 
-Kept apart from :mod:`dlrm_cache.config` (and free of torch imports, so registering them costs the
+Kept apart from :mod:`dlrm_cache.config.schemas` (and free of torch imports, so registering them costs the
 dispatcher nothing); ``configs/predict.yaml`` and ``configs/export.yaml`` name these schemas.
 """
 
@@ -11,10 +11,10 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .choices import Which
-from .config import DEVICE
-from .data.config import BadLines, PreprocessConfig
-from .ranges import Choice, checked
+from ..config.choices import Which
+from ..config.ranges import Choice, checked
+from ..config.schemas import DEVICE
+from ..data.config import BadLines, PreprocessConfig
 
 
 class OutputFormat(Choice):

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .data.lists import Lists, concat_columns
-from .data.loader import Batch, OneIdPerSample
-from .jagged import JaggedLayout, assemble, starts
+from ..data.lists import Lists, concat_columns
+from ..data.loader import Batch, OneIdPerSample
+from ..embedding.jagged import JaggedLayout, assemble, starts
 from .rawinput import Rows
 
 # (line numbers, the batch, which rows have a label: None = all of them or none)

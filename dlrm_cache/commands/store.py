@@ -13,8 +13,8 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from .after_config import ExportConfig, PredictConfig
-from .config import (
+from ..after.config import ExportConfig, PredictConfig
+from ..config.schemas import (
     EMBEDDING_SCHEMAS,
     BenchConfig,
     DataConfig,
@@ -24,8 +24,8 @@ from .config import (
     ReportConfig,
     TrainConfig,
 )
-from .data.config import PreprocessConfig, SchemaConfig, SynthConfig
-from .verify import VerifyConfig
+from ..data.config import PreprocessConfig, SchemaConfig, SynthConfig
+from ..data.verify import VerifyConfig
 
 
 def config_dir() -> str:
@@ -36,7 +36,7 @@ def config_dir() -> str:
     another checkout is installed in the same environment.  Installed from a wheel they are the
     package ``dlrm_cache.configs``.
     """
-    tree = Path(__file__).resolve().parent.parent / "configs"
+    tree = Path(__file__).resolve().parents[2] / "configs"
     if (tree / "train.yaml").is_file():
         return str(tree)
     import dlrm_cache.configs as pkg
@@ -63,7 +63,7 @@ def _run_id() -> str:
 
 
 def _checked_run_dir(run_dir: str, *, _root_: DictConfig) -> str:
-    from .train.claim import checked_run_dir
+    from ..train.claim import checked_run_dir
 
     data_path = OmegaConf.select(_root_, "data.path", default=None, throw_on_missing=False)
     return checked_run_dir(run_dir, None if data_path is None else str(data_path))
@@ -79,7 +79,7 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("dlrm_run_id", _run_id, use_cache=True)
         # Only rank 0 writes Hydra's .hydra/ snapshot into the shared run directory, and not over
         # the snapshot of a run already there (train.claim.hydra_subdir)
-        from .train.claim import hydra_subdir, output_dir
+        from ..train.claim import hydra_subdir, output_dir
 
         # train's output directory: the run resume= names (continued in place), else a new one
         OmegaConf.register_new_resolver("dlrm_output_dir", output_dir, use_cache=False)

@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from .after_config import require
-from .data.files import WriteError, file_id, one_line, out_of_room, replace_dir, torch_save
-from .data.schema import LIST_SEPARATOR, Schema
-from .model.dcn import cross_shape
-from .outputs import check_output, reported_if_written, stop_on_signals
+from ..data.schema import LIST_SEPARATOR, Schema
+from ..files.atomic import WriteError, file_id, one_line, out_of_room, replace_dir, torch_save
+from ..files.outputs import check_output, reported_if_written, stop_on_signals
+from ..model.dcn import cross_shape
+from .config import require
 from .trained import Trained, open_trained
 
 STATE_DICT = "state_dict.pt"

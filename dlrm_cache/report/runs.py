@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import backend_name, flatten
-from .data.stats import SUMMARY as STATS_SUMMARY
-from .rundir import (
+from ..config.schemas import backend_name, flatten
+from ..data.stats import SUMMARY as STATS_SUMMARY
+from ..rundir.records import (
     EVAL,
     METRICS,
     START,
@@ -174,10 +174,10 @@ def short_value(v: Any) -> str:
 def predicted_hit_rates(runs: list[RunRecord]) -> list[float | None]:
     """`dlrm-cache plan`'s hit rate for each run with a cache_ratio, for the cache that run had (its
     look-ahead window sized for its batch size); None: no cache, or no stats."""
-    from .config import FreqCacheEmbeddingConfig
-    from .data.format import Manifest
-    from .data.stats import counted_samples, load_counts
-    from .embedding.freq_cache.layout import plan_table
+    from ..config.schemas import FreqCacheEmbeddingConfig
+    from ..data.format import Manifest
+    from ..data.stats import counted_samples, load_counts
+    from ..embedding.freq_cache.layout import plan_table
 
     embs = [r.config.get("embedding", {}) for r in runs]
     data = dataset_path(runs[0])
@@ -208,7 +208,7 @@ def _dataset_id(run: RunRecord) -> str:
     resume checks), so a copy at another path is the same data; else data.path as written."""
     import hashlib
 
-    from .data.format import Manifest
+    from ..data.format import Manifest
 
     found = dataset_path(run)
     if found is None:

@@ -18,15 +18,15 @@ from typing import Any, Final
 
 from omegaconf import OmegaConf
 
-from .data.files import atomic_write_text, to_json
+from ..console.readable import summary_order
+from ..files.atomic import atomic_write_text, to_json
 
 # metrics.jsonl, summary.json, checkpoints/step_N (train/checkpoint.py writes them), abandoned/
-from .layout import ABANDONED as ABANDONED
-from .layout import CKPT_DIR as CKPT_DIR
-from .layout import METRICS as METRICS
-from .layout import SNAPSHOT
-from .layout import SUMMARY as SUMMARY
-from .readable import summary_order
+from ..files.layout import ABANDONED as ABANDONED
+from ..files.layout import CKPT_DIR as CKPT_DIR
+from ..files.layout import METRICS as METRICS
+from ..files.layout import SNAPSHOT
+from ..files.layout import SUMMARY as SUMMARY
 
 REPORT_PNG: Final = "report.png"
 REPORT_MD: Final = "report.md"
