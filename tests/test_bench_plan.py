@@ -21,8 +21,8 @@ from dlrm_cache.config.schemas import (
     PlanConfig,
     Precision,
 )
+from dlrm_cache.data.batch import OneIdPerSample
 from dlrm_cache.data.format import SPARSE_NAMES
-from dlrm_cache.data.loader import OneIdPerSample
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
 from dlrm_cache.embedding.direct import HostBackend

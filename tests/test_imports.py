@@ -155,6 +155,15 @@ def test_the_package_root_holds_few_modules() -> None:
     assert len(list(PACKAGE.glob("*.py"))) <= 8
 
 
+def test_no_module_over_400_lines() -> None:
+    long = [
+        f"{p.relative_to(REPO)}: {n}"
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    ]
+    assert long == []
+
+
 def test_the_check_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
     """The shape the package had: report imported figures inside a function, figures imported
     report at the top; and config registering data's schemas while data imported config."""

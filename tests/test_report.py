@@ -31,14 +31,8 @@ from dlrm_cache.config.schemas import (
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache.layout import plan_table
-from dlrm_cache.report.report import (
-    compare,
-    find_runs,
-    run_panels,
-    sweep_panels,
-    worst_hit_tables,
-)
-from dlrm_cache.report.runs import load_run
+from dlrm_cache.report.runs import compare, find_runs, load_run
+from dlrm_cache.report.series import run_panels, sweep_panels, worst_hit_tables
 from dlrm_cache.report.sizing import plan, plan_series
 from dlrm_cache.train.loop import train
 

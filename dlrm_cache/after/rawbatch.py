@@ -2,7 +2,7 @@
 exactly ``batch_size`` rows (the last one: the rest).
 
 A batch has the layout the loader gives the processed split of the same dataset, built by the
-loader's own code: one id per sample and feature in :class:`~.data.loader.OneIdPerSample`'s KJT; a
+loader's own code: one id per sample and feature in :class:`~.data.batch.OneIdPerSample`'s KJT; a
 multi-hot dataset's jagged columns (every feature a list, :class:`~.data.lists.Lists`) joined and
 sliced as the loader slices a shard's (:func:`~.data.lists.concat_columns`) and put into one KJT by
 :func:`~.jagged.assemble`, moved by :class:`~.jagged.JaggedLayout`.  numpy over whole columns, no
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from ..data.batch import Batch, OneIdPerSample
 from ..data.lists import Lists, concat_columns
-from ..data.loader import Batch, OneIdPerSample
 from ..embedding.jagged import JaggedLayout, assemble, starts
 from .rawinput import Rows
 

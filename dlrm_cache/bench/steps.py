@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from ..config.choices import Precision
 from ..config.schemas import backend_target
+from ..data.batch import Batch, OneIdPerSample
 from ..data.format import NUM_DENSE
-from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM

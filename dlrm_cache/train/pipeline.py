@@ -30,7 +30,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..concurrency.streams import streams_for
 from ..concurrency.threads import Prefetcher
-from ..data.loader import Batch
+from ..data.batch import Batch
 from ..embedding.base import EmbeddingBackend
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config.choices import Precision
-from ..data.loader import Batch
+from ..data.batch import Batch
 
 
 def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:

@@ -1136,7 +1136,7 @@ def test_host_memory_check_counts_the_cache_bookkeeping():
     freq_cache is refused before allocating, the host placement is not."""
     from omegaconf import OmegaConf
 
-    from dlrm_cache.train.build import check_host_memory
+    from dlrm_cache.train.embeddings import check_host_memory
 
     tables = make_tables([20000, 5000, 300, 8000])
     optim = SparseOptim("rowwise_adagrad")
