@@ -1,5 +1,5 @@
 """Config defaults have one home, the schemas (dlrm_cache/config/schemas.py, dlrm_cache/data/config.py):
-a YAML file under configs/ sets only what a schema cannot say (see config.py's docstring)."""
+a YAML file under configs/ sets only what a schema cannot say (see schemas.py's docstring)."""
 
 from __future__ import annotations
 

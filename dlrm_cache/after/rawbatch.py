@@ -2,10 +2,10 @@
 exactly ``batch_size`` rows (the last one: the rest).
 
 A batch has the layout the loader gives the processed split of the same dataset, built by the
-loader's own code: one id per sample and feature in :class:`~.data.batch.OneIdPerSample`'s KJT; a
-multi-hot dataset's jagged columns (every feature a list, :class:`~.data.lists.Lists`) joined and
-sliced as the loader slices a shard's (:func:`~.data.lists.concat_columns`) and put into one KJT by
-:func:`~.jagged.assemble`, moved by :class:`~.jagged.JaggedLayout`.  numpy over whole columns, no
+loader's own code: one id per sample and feature in :class:`~..data.batch.OneIdPerSample`'s KJT; a
+multi-hot dataset's jagged columns (every feature a list, :class:`~..data.lists.Lists`) joined and
+sliced as the loader slices a shard's (:func:`~..data.lists.concat_columns`) and put into one KJT by
+:func:`~..embedding.jagged.assemble`, moved by :class:`~..embedding.jagged.JaggedLayout`.  numpy over whole columns, no
 loop per row, so a line scores as the same line does after `preprocess`.
 """
 

@@ -122,7 +122,7 @@ def open_trained(
     checkpoint: str, data: str | None = None, data_key: str = "dataset", which: str = "auto"
 ) -> Trained:
     """The checkpoint ``checkpoint`` names (a run directory: its best or its final one as
-    ``which`` says, see :func:`~.train.best.choose_checkpoint`), and the dataset it was trained on.
+    ``which`` says, see :func:`~..train.best.choose_checkpoint`), and the dataset it was trained on.
 
     ``data`` (default: the run's ``data.path``, see :func:`recorded_dataset`; ``data_key``: the
     option that names it, for messages) must be the dataset the checkpoint was trained on: the

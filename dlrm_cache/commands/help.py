@@ -1,6 +1,6 @@
 """What the dispatcher answers without running a command: a command's ``--help`` and bash
 completion (``dlrm-cache -sc install=bash``), both from the command's composed config and its
-schema (:mod:`.confighelp`), so they list exactly the keys the command takes.
+schema (:mod:`..config.help`), so they list exactly the keys the command takes.
 
 Hydra's own help and completion do not fit a dispatcher in front of several apps: they list every
 config group under the shared config directory for every command, and its completion script

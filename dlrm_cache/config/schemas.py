@@ -11,7 +11,7 @@ contradicts a default of this module.
 Composing a config checks key names, types and choices (:mod:`.choices`); a numeric field declares
 its range where it is defined (``checked(default, ge=1)``, see :mod:`.ranges`), and the dispatcher
 checks them all right after composition, before any work starts.  This module does not import
-Hydra: registering the schemas with it is :mod:`.configstore`'s job.
+Hydra: registering the schemas with it is :mod:`dlrm_cache.commands.store`'s job.
 """
 
 from __future__ import annotations

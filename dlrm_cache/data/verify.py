@@ -82,7 +82,7 @@ def check_build_record(root: Path, manifest: Manifest) -> None:
     which it keeps) and the statistics' summary: a manifest edited after the build maps raw ids
     (predict's raw input) otherwise than its shards were.  A dataset without those records (built
     elsewhere) has nothing to compare."""
-    from .preprocess.output import SETTINGS  # (not at import: configstore imports this)
+    from .preprocess.output import SETTINGS  # (not at import: commands/store.py imports this)
 
     for record in (root / SETTINGS, root / SUMMARY):
         try:

@@ -2,8 +2,8 @@
 
 Defined once, here, at the bottom of the import graph (this module imports nothing of the
 package), so that every command can tell these directories apart, `preprocess` included, which
-must not import the training code.  The modules that write them (:mod:`.data.format`,
-:mod:`.rundir`, :mod:`.train.checkpoint`) import their names from here and describe their contents.
+must not import the training code.  The modules that write them (:mod:`..data.format`,
+:mod:`..rundir.records`, :mod:`..train.checkpoint`) import their names from here and describe their contents.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Final
 # A processed dataset: its manifest, written last (its presence marks a complete dataset).
 MANIFEST: Final = "manifest.json"
 
-# A run directory (rundir.py): the log every run writes, the summary of a finished run, its
+# A run directory (rundir/records.py): the log every run writes, the summary of a finished run, its
 # checkpoints, and what a resume from an older checkpoint set aside (train/branch.py).
 METRICS: Final = "metrics.jsonl"
 SUMMARY: Final = "summary.json"

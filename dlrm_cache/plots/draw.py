@@ -1,6 +1,6 @@
 """Drawing: the only module that imports matplotlib (Agg: no display needed), imported lazily by the
 commands that write figures so that `train` never pays for it.  The numbers come ready-made as
-``Panel``s (panels.py, computed by report.py) or as the rows of `plan` / `bench`."""
+``Panel``s (plots/panels.py, computed by report/series.py) or as the rows of `plan` / `bench`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What a figure shows, as plain data: panels of lines.  report.py computes them from run files
-(tests check the numbers there, without matplotlib); figures.py draws them."""
+"""What a figure shows, as plain data: panels of lines.  report/series.py computes them from run files
+(tests check the numbers there, without matplotlib); draw.py draws them."""
 
 from __future__ import annotations
 

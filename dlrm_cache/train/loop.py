@@ -1,5 +1,5 @@
 """The training loop: from a composed config to a trained, evaluated model whose records and
-summary are in its run directory (see rundir.py).  Building the run is train/build.py's; one step
+summary are in its run directory (see rundir/records.py).  Building the run is train/build.py's; one step
 is train/step.py's."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Metrics: torchmetrics for AUC/accuracy, the embedding counters over a run, a small table for people.
-(The run's JSON-lines record is rundir.py's.)"""
+(The run's JSON-lines record is rundir/records.py's.)"""
 
 from __future__ import annotations
 

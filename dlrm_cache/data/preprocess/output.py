@@ -166,7 +166,7 @@ def prepare(
 def publish(root: Path, out: Path, runner: Runner, make: Callable[[], Manifest]) -> Manifest:
     """``make()`` builds a dataset in ``root`` on every rank, and rank 0 renames it to ``out`` once
     every rank's part is in: the old dataset stays complete until the new one is in
-    (:func:`..files.replace_dir`).  On any failure the workers are stopped first (nothing keeps
+    (:func:`...files.atomic.replace_dir`).  On any failure the workers are stopped first (nothing keeps
     writing into it) and ``root`` is removed."""
     from ...files.atomic import replace_dir
 
