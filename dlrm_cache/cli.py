@@ -9,178 +9,82 @@ from __future__ import annotations
 import codecs
 import functools
 import os
-import shlex
-import shutil
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import hydra
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from .configstore import config_dir, register_configs
-from .console import quiet_known_noise, say, standard_streams
-from .data.files import WriteError
-from .outputs import Stopped, UnsafeOutput
-from .ranges import bool_overrides, validate
-from .shellhelp import HELP_FLAGS, POSITIONAL, command_help, shell_completion
+from .commands import (
+    bench,
+    export,
+    plan,
+    predict,
+    preprocess,
+    report,
+    synth,
+    train,
+    verify,
+)
+from .commands.help import HELP_FLAGS, POSITIONAL, command_help, shell_completion
+from .commands.store import config_dir, register_configs
+from .config.ranges import bool_overrides, validate
+from .console.say import quiet_known_noise, say, standard_streams
+from .console.typed import ARGV0
+from .files.atomic import WriteError
+from .files.outputs import Stopped, UnsafeOutput
 
 register_configs()
 CONFIGS = config_dir()
 
 
-def _synth(cfg: DictConfig) -> None:
-    from .data.synth import synth
-
-    synth(cfg)
-
-
-def _preprocess(cfg: DictConfig) -> None:
-    from .data.preprocess import preprocess
-
-    preprocess(cfg)
-
-
-def _train(cfg: DictConfig) -> None:
-    from .train.loop import train
-
-    train(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:  # torchrun: every rank ran this job, one tells
-        say(_train_epilogue(cfg.run_dir))
-
-
-def _train_epilogue(run_dir: str) -> str:
-    """Where the run's files are and how to look at them (and at the whole sweep, under -m)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from .rundir import METRICS, SUMMARY
-
-    me = invocation()
-    lines = [
-        f"run files: {run_dir}/ ({METRICS}, {SUMMARY}, checkpoints/, .hydra/)",
-        f"plots:     {me} report {shlex.quote(run_dir)}",
-    ]
-    hc = HydraConfig.get()
-    if hc.mode == RunMode.MULTIRUN:
-        sweep_dir = Path(hc.runtime.cwd) / hc.sweep.dir  # as absolute as run_dir
-        lines.append(
-            f"sweep:     {me} report {shlex.quote(str(sweep_dir))}   (once every job has finished)"
-        )
-    return "\n".join(lines)
-
-
-_ARGV0: list[
-    str
-] = []  # how this process was started (sys.argv[0]), before Hydra's argv replaces it
-
-
-def invocation() -> str:
-    """The command that runs dlrm-cache as this process was run, typed anywhere: ``dlrm-cache``
-    when that is what PATH finds, else the script's absolute path (``.venv/bin/dlrm-cache`` with
-    no venv active, torchrun's ``--no-python`` path), else ``<this python> -m dlrm_cache``."""
-    argv0 = _ARGV0[0] if _ARGV0 else sys.argv[0]
-    if Path(argv0).name == "dlrm-cache":
-        script = os.path.abspath(argv0 if os.sep in argv0 else shutil.which(argv0) or argv0)
-        on_path = shutil.which("dlrm-cache")
-        return (
-            "dlrm-cache" if on_path and os.path.abspath(on_path) == script else shlex.quote(script)
-        )
-    python = shutil.which(Path(sys.executable).name)
-    if python and os.path.abspath(python) == os.path.abspath(sys.executable):
-        return f"{Path(sys.executable).name} -m dlrm_cache"
-    return f"{shlex.quote(sys.executable)} -m dlrm_cache"
-
-
-def _plan(cfg: DictConfig) -> None:
-    from .cache_sizing import plan
-
-    plan(cfg)
-
-
-def _bench(cfg: DictConfig) -> None:
-    from .bench import BenchFailed
-    from .bench.run import bench
-
-    try:
-        bench(cfg)
-    except BenchFailed as e:  # the rows and their tracebacks are printed above
-        print(f"dlrm-cache bench: failed: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-def _report(cfg: DictConfig, run_dirs: tuple[str, ...] = ()) -> None:
-    from .report import report
-
-    cfg.runs = [*run_dirs, *cfg.runs]
-    report(cfg)
-
-
-def _verify(cfg: DictConfig, paths: tuple[str, ...] = ()) -> None:
-    from .verify import verify
-
-    if len(paths) > 1:
-        raise ValueError(f"verify takes one dataset directory, not {len(paths)}: {' '.join(paths)}")
-    if paths:
-        cfg.data_path = paths[0]
-    verify(cfg)
-
-
-def _predict(cfg: DictConfig) -> None:
-    from .predict import predict
-
-    predict(cfg)
-
-
-def _export(cfg: DictConfig) -> None:
-    from .export import export
-
-    export(cfg)
-
-
-# command -> (config name, function, one-line help)
+# command -> (config name, its module's run, one-line help)
 COMMANDS: dict[str, tuple[str, Callable[[DictConfig], None], str]] = {
     "synth": (
         "synth",
-        _synth,
+        synth.run,
         "write Criteo-format lines from a planted model (and its oracle AUC)",
     ),
     "preprocess": (
         "preprocess",
-        _preprocess,
+        preprocess.run,
         "raw Criteo logs -> frequency stats + parquet shards",
     ),
     "train": (
         "train",
-        _train,
+        train.run,
         "train and evaluate a DLRM (embedding=host|hbm|uvm_cache|freq_cache)",
     ),
-    "plan": ("plan", _plan, "predict the cache hit rate per cache ratio from the frequency stats"),
+    "plan": (
+        "plan",
+        plan.run,
+        "predict the cache hit rate per cache ratio from the frequency stats",
+    ),
     "bench": (
         "bench",
-        _bench,
+        bench.run,
         "benchmarks: embedding layer, training step, planning, input pipeline, preprocess",
     ),
     "report": (
         "report",
-        _report,
+        report.run,
         "plots + a markdown summary of run directories or a -m sweep directory",
     ),
     "verify": (
         "verify",
-        _verify,
+        verify.run,
         "read every shard of a processed dataset and check it against its manifest",
     ),
     "predict": (
         "predict",
-        _predict,
+        predict.run,
         "click probabilities of a trained run for raw Criteo lines or a split",
     ),
     "export": (
         "export",
-        _export,
+        export.run,
         "a trained run as a torchrec DLRM state dict + constructor arguments",
     ),
 }
@@ -295,7 +199,7 @@ def undecodable_argument(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = args = list(sys.argv[1:] if argv is None else argv)
-    _ARGV0[:] = [sys.argv[0]]
+    ARGV0[:] = [sys.argv[0]]
     quiet_known_noise()
     standard_streams()
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -320,10 +224,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if command == "report":
         run_dirs, argv = split_run_dirs(argv)
-        fn = functools.partial(_report, run_dirs=tuple(run_dirs))
+        fn = functools.partial(report.run, run_dirs=tuple(run_dirs))
     if command == "verify":
         paths, argv = split_run_dirs(argv)
-        fn = functools.partial(_verify, paths=tuple(paths))
+        fn = functools.partial(verify.run, paths=tuple(paths))
     app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(
         _friendly(command, fn)
     )

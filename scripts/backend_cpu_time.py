@@ -44,7 +44,7 @@ def subclasses(c):
     for s in c.__subclasses__():
         yield s
         yield from subclasses(s)
-import dlrm_cache.config, dlrm_cache.embedding.direct, dlrm_cache.embedding.freq_cache  # noqa
+import dlrm_cache.config.schemas, dlrm_cache.embedding.direct, dlrm_cache.embedding.freq_cache  # noqa
 for cls in [EmbeddingBackend, *subclasses(EmbeddingBackend)]:
     for name in ("prefetch", "forward", "step_done"):
         timed(cls, name)

@@ -24,11 +24,11 @@ import torch
 from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm_cache.after.trained import open_trained
 from dlrm_cache.data.config import SynthConfig
 from dlrm_cache.data.stats import COUNTS
 from dlrm_cache.data.synth import ORACLE
 from dlrm_cache.data.synthmodel import build_model, pair_effect, table_sizes
-from dlrm_cache.trained import open_trained
 
 
 def model_index(processed: Path, feature: str, hex_ids: list[str]) -> np.ndarray:

@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     from hydra import compose, initialize_config_dir
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from dlrm_cache.configstore import config_dir, register_configs
+    from dlrm_cache.commands.store import config_dir, register_configs
     from dlrm_cache.train.loop import train
 
     data, out, overrides = Path(argv[0]), Path(argv[1]), argv[2:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dlrm_cache.data.files import sha256_file
+from dlrm_cache.files.atomic import sha256_file
 
 
 def record_file(ckpt: Path, name: str) -> None:

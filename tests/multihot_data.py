@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 from shards import write_split
 
-from dlrm_cache.data.files import sha256_file
 from dlrm_cache.data.format import DENSE_NAMES, LABEL, SCHEMA_VERSION, Manifest, SplitInfo
 from dlrm_cache.data.parquet import write_shard
 from dlrm_cache.data.stats import COUNTS, SUMMARY, rank_feature, summarize, write_counts
+from dlrm_cache.files.atomic import sha256_file
 
 # C1..C5; C2 and C4 multi-hot with up to this many ids (0 included)
 MULTI_HOT_MAX = {"C2": 4, "C4": 7}

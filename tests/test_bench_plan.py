@@ -14,21 +14,21 @@ from omegaconf import OmegaConf
 
 from dlrm_cache.bench.breakdown import BETWEEN, PHASES, PhaseClock, split_step
 from dlrm_cache.bench.run import bench
-from dlrm_cache.cache_sizing import plan
-from dlrm_cache.config import (
+from dlrm_cache.config.schemas import (
     BenchConfig,
     DataConfig,
     FreqCacheEmbeddingConfig,
     PlanConfig,
     Precision,
 )
+from dlrm_cache.data.batch import OneIdPerSample
 from dlrm_cache.data.format import SPARSE_NAMES
-from dlrm_cache.data.loader import OneIdPerSample
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import plan_table
 from dlrm_cache.model.dlrm import DLRM
+from dlrm_cache.report.sizing import plan
 from dlrm_cache.train.optim import dense_optimizer
 
 
@@ -135,7 +135,7 @@ def test_bench_skips_a_placement_this_machine_cannot_run_and_fails_on_crashes(ca
     A row that crashes is not hidden: the CLI exits 1 with the reason.  Bad config values fail at
     composition now, so the crash is made by pointing freq_cache at a class that does not exist."""
     from dlrm_cache.cli import main
-    from dlrm_cache.config import FreqCacheEmbeddingConfig
+    from dlrm_cache.config.schemas import FreqCacheEmbeddingConfig
 
     common = [
         "kind=embedding",

@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from launching import REPO, run_cli
 from omegaconf.errors import ValidationError
 
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
 
 cli = run_cli  # the CLI as a child process (tests/launching.py)
 

@@ -16,9 +16,9 @@ from launching import REPO
 from omegaconf import OmegaConf
 
 from dlrm_cache.cli import COMMANDS, main
-from dlrm_cache.config import flatten
-from dlrm_cache.confighelp import field_meanings
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
+from dlrm_cache.config.help import field_meanings
+from dlrm_cache.config.schemas import flatten
 
 
 def _main(capsys, *args: str) -> str:

@@ -1,5 +1,5 @@
-"""Config defaults have one home, the schemas (dlrm_cache/config.py, dlrm_cache/data/config.py):
-a YAML file under configs/ sets only what a schema cannot say (see config.py's docstring)."""
+"""Config defaults have one home, the schemas (dlrm_cache/config/schemas.py, dlrm_cache/data/config.py):
+a YAML file under configs/ sets only what a schema cannot say (see schemas.py's docstring)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from dlrm_cache.cli import main
-from dlrm_cache.config import flatten
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
+from dlrm_cache.config.schemas import flatten
 
 CONFIGS = Path(config_dir())
 YAMLS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
@@ -129,8 +129,8 @@ def test_help_offers_only_the_yaml_options(capsys) -> None:
 
 def test_the_backend_registry_names_every_placement_once() -> None:
     """train's embedding=<name> options, bench's backends and the registry are the same names."""
-    from dlrm_cache.choices import Backend
-    from dlrm_cache.config import EMBEDDING_SCHEMAS, backend_target
+    from dlrm_cache.config.choices import Backend
+    from dlrm_cache.config.schemas import EMBEDDING_SCHEMAS, backend_target
 
     options = sorted(p.stem for p in (CONFIGS / "embedding").glob("*.yaml"))
     assert options == sorted(b.value for b in Backend) == sorted(b.value for b in EMBEDDING_SCHEMAS)

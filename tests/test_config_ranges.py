@@ -15,10 +15,10 @@ from hydra.errors import ConfigCompositionException
 from launching import run_cli
 from omegaconf.errors import ValidationError
 
-import dlrm_cache.config as schemas
+import dlrm_cache.config.schemas as schemas
 import dlrm_cache.data.config as data_schemas
-from dlrm_cache.configstore import config_dir, register_configs
-from dlrm_cache.ranges import ConfigError, Range, validate
+from dlrm_cache.commands.store import config_dir, register_configs
+from dlrm_cache.config.ranges import ConfigError, Range, validate
 
 CONFIGS = Path(config_dir())
 

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from dlrm_cache.console import KnownMessageFilter, quiet_known_noise
+from dlrm_cache.console.say import KnownMessageFilter, quiet_known_noise
 
 
 class Collect(logging.Handler):

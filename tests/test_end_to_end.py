@@ -10,7 +10,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
 from dlrm_cache.train.loop import train
 from dlrm_cache.train.saved import Checkpoint
 

@@ -106,6 +106,64 @@ def test_no_import_cycles() -> None:
     assert cycles(package_graph(graph)) == []
 
 
+# The package's folders (and root modules), bottom layer first: a module may import its own folder
+# and the layers below it, never a layer above nor a folder beside it on its own layer.  Each
+# folder's ``__init__`` docstring says the same in words.
+LAYERS: list[set[str]] = [
+    {"dlrm_cache", "config", "console", "concurrency", "files"},
+    {"embedding", "plots"},
+    {"model", "parallel", "rundir"},
+    {"data"},
+    {"train"},
+    {"bench", "report", "after"},
+    {"commands"},
+    {"cli"},
+    {"__main__"},
+]
+
+
+def _layer(unit: str) -> int:
+    name = unit.removeprefix("dlrm_cache.") if unit != "dlrm_cache" else unit
+    found = [i for i, names in enumerate(LAYERS) if name in names]
+    assert found, f"{unit}: a folder or root module missing from LAYERS"
+    return found[0]
+
+
+def test_imports_run_down_the_layers() -> None:
+    graph = package_graph(import_graph())
+    units = {".".join(m.split(".")[:2]) for m in _modules(PACKAGE)}
+    for unit in units:
+        _layer(unit)
+    upward = sorted(
+        f"{src} -> {dst}"
+        for src, dsts in graph.items()
+        for dst in dsts
+        if _layer(src) <= _layer(dst)
+    )
+    assert upward == []
+
+
+def test_every_folder_says_what_it_holds() -> None:
+    for init in PACKAGE.rglob("__init__.py"):
+        if init.parent == PACKAGE:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.splitlines()) >= 2, f"{init}: no docstring of a few lines"
+
+
+def test_the_package_root_holds_few_modules() -> None:
+    assert len(list(PACKAGE.glob("*.py"))) <= 8
+
+
+def test_no_module_over_400_lines() -> None:
+    long = [
+        f"{p.relative_to(REPO)}: {n}"
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    ]
+    assert long == []
+
+
 def test_the_check_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
     """The shape the package had: report imported figures inside a function, figures imported
     report at the top; and config registering data's schemas while data imported config."""
@@ -131,7 +189,7 @@ def test_the_check_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
 
 def test_choices_and_schemas_import_without_hydra() -> None:
     code = (
-        "import sys, dlrm_cache.choices, dlrm_cache.config, dlrm_cache.model.dlrm; "
+        "import sys, dlrm_cache.config.choices, dlrm_cache.config.schemas, dlrm_cache.model.dlrm; "
         "print('hydra' in sys.modules)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
@@ -143,7 +201,7 @@ def test_the_dispatcher_starts_without_torch() -> None:
     the dispatcher's imports: the schemas it registers must not pull in torch or torchrec (2.3 s
     of a 2.7 s start when ``verify``'s schema brought the loader in)."""
     code = (
-        "import sys, dlrm_cache.cli, dlrm_cache.configstore; "
+        "import sys, dlrm_cache.cli, dlrm_cache.commands.store; "
         "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -12,8 +12,8 @@ from launching import run_cli
 from omegaconf import OmegaConf
 from tiny import TINY_MODEL
 
-from dlrm_cache.config import FreqCacheEmbeddingConfig
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
+from dlrm_cache.config.schemas import FreqCacheEmbeddingConfig
 from dlrm_cache.embedding.freq_cache.layout import pinned_batches
 
 # the measured run starts from a cold cache (its hottest dynamic rows are loaded once) and draws

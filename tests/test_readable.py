@@ -1,8 +1,8 @@
-"""How the console tables and report.md write a summary's values (dlrm_cache/readable.py)."""
+"""How the console tables and report.md write a summary's values (dlrm_cache/console/readable.py)."""
 
 from __future__ import annotations
 
-from dlrm_cache.readable import format_value
+from dlrm_cache.console.readable import format_value
 
 
 def test_a_rate_per_second_is_written_alike_below_and_above_1000():

@@ -19,27 +19,21 @@ from PIL import Image
 from tiny import TINY_MODEL
 
 from dlrm_cache.bench.run import bench, bench_series
-from dlrm_cache.cache_sizing import plan, plan_series
 from dlrm_cache.cli import main, split_run_dirs
-from dlrm_cache.config import (
+from dlrm_cache.commands.store import config_dir, register_configs
+from dlrm_cache.config.schemas import (
     BenchConfig,
     DataConfig,
     FreqCacheEmbeddingConfig,
     ModelConfig,
     PlanConfig,
 )
-from dlrm_cache.configstore import config_dir, register_configs
 from dlrm_cache.data.stats import load_counts
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache.layout import plan_table
-from dlrm_cache.report import (
-    compare,
-    find_runs,
-    run_panels,
-    sweep_panels,
-    worst_hit_tables,
-)
-from dlrm_cache.runs import load_run
+from dlrm_cache.report.runs import compare, find_runs, load_run
+from dlrm_cache.report.series import run_panels, sweep_panels, worst_hit_tables
+from dlrm_cache.report.sizing import plan, plan_series
 from dlrm_cache.train.loop import train
 
 RATIOS = [0.02, 0.05, 0.2]
@@ -470,8 +464,8 @@ def test_commands_do_not_import_the_plotting_module():
         [
             sys.executable,
             "-c",
-            "import sys, dlrm_cache.cli, dlrm_cache.train.loop, dlrm_cache.cache_sizing, "
-            "dlrm_cache.bench.run, dlrm_cache.report; print('dlrm_cache.figures' in sys.modules)",
+            "import sys, dlrm_cache.cli, dlrm_cache.train.loop, dlrm_cache.report.sizing, "
+            "dlrm_cache.bench.run, dlrm_cache.report.report; print('dlrm_cache.plots.draw' in sys.modules)",
         ],
         capture_output=True,
         text=True,

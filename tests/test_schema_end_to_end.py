@@ -216,10 +216,10 @@ def test_criteo_layout_with_multi_hot_columns_scores_raw_lines_as_processed(tmp_
 def _raw_lists_are_the_processed_lists(raw: Path, ds: Path) -> None:
     """The raw file's last lines, read in many blocks and joined, hold exactly the test split's
     lists (every element mapped to its table row; one-hot features as lists of one)."""
+    from dlrm_cache.after.rawbatch import join
+    from dlrm_cache.after.rawinput import IdMapper, input_schema, new_bad_line_log, read_schema_rows
     from dlrm_cache.data.lists import Lists
     from dlrm_cache.data.schema import Schema
-    from dlrm_cache.rawbatch import join
-    from dlrm_cache.rawinput import IdMapper, input_schema, new_bad_line_log, read_schema_rows
 
     m = Manifest.load(ds)
     schema, labelled = input_schema(raw, Schema.load(ds, m.hash_modulus))

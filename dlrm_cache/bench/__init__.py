@@ -1,4 +1,8 @@
-"""`dlrm-cache bench`'s kinds of benchmark (one module each) and the command (:mod:`.run`)."""
+"""`dlrm-cache bench`'s kinds of benchmark (one module each) and their runner (:mod:`.run`).
+
+May import every library layer below it (`config/` ... `train/`, `plots/`); only `commands/`
+imports it.
+"""
 
 
 class BenchFailed(RuntimeError):

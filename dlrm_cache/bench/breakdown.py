@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..data.loader import Batch
+from ..data.batch import Batch
 from ..model.dlrm import DLRM
 
 PHASES = (

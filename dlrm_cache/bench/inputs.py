@@ -12,9 +12,9 @@ import torch
 from omegaconf import DictConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..choices import Hotness
+from ..config.choices import Hotness
+from ..data.batch import Batch, OneIdPerSample
 from ..data.format import KAGGLE_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, SPARSE_NAMES
-from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import TableSpec
 
 # the samples :func:`zipf_counts` says it counted (each table's counts add up to this times its

@@ -36,8 +36,8 @@ import torch
 from omegaconf import DictConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..data.batch import OneIdPerSample
 from ..data.format import NUM_DENSE
-from ..data.loader import OneIdPerSample
 from ..embedding.base import SparseOptim
 from .inputs import COUNTED_SAMPLES, host_batches, sync
 from .syncs import HostSyncCounter

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from ..choices import BenchKind
-from ..config import BenchConfig
+from ..config.choices import BenchKind
+from ..config.ranges import validate
+from ..config.schemas import BenchConfig
 from ..data.preprocess.errors import PreprocessError
 from ..data.preprocess.sources import find_sources
 from ..data.preprocess.workers import available_cores
-from ..ranges import validate
 from . import BenchFailed
 
 # what `dlrm-cache preprocess` prints at its end (data/preprocess/build.py's Timings.line)
@@ -201,7 +201,7 @@ def preprocess_bench(cfg: Any) -> list[dict[str, Any]]:
     """kind=preprocess: every variant ``repeats`` times, interleaved, then the peer; prints the
     table, the CPU seconds per stage and the best rate per variant; returns one record per run.
 
-    ``cfg``: a :class:`~dlrm_cache.config.BenchConfig` (or the composed config of `bench`)."""
+    ``cfg``: a :class:`~dlrm_cache.config.schemas.BenchConfig` (or the composed config of `bench`)."""
     inp, files, baseline = _inputs(cfg)
     lines = _count_lines(files)
     work = Path(cfg.work_dir or tempfile.mkdtemp(prefix="bench-preprocess-")).resolve()

@@ -39,8 +39,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ..data.files import atomic_write_text
 from ..embedding.base import DeviceUnavailable
+from ..files.atomic import atomic_write_text
 from ..parallel.dist import resolve_device
 from . import BenchFailed
 from .breakdown import format_breakdown
@@ -157,7 +157,7 @@ def _write_json(cfg: DictConfig, results: list[dict[str, Any]]) -> list[dict[str
 def _write(cfg: DictConfig, results: list[dict[str, Any]], title: str) -> None:
     _write_json(cfg, results)
     if cfg.figure and any("error" not in r for r in results):
-        from ..figures import draw_bench
+        from ..plots.draw import draw_bench
 
         print(
             f"dlrm-cache bench: figure {draw_bench(bench_series(results), title, Path(cfg.figure))}"

@@ -20,10 +20,10 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..choices import Precision
-from ..config import backend_target
+from ..config.choices import Precision
+from ..config.schemas import backend_target
+from ..data.batch import Batch, OneIdPerSample
 from ..data.format import NUM_DENSE
-from ..data.loader import Batch, OneIdPerSample
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM

@@ -2,7 +2,7 @@
 
 ``configs/synth.yaml`` and ``configs/preprocess.yaml`` name these schemas in their defaults lists, so a
 misspelt key, an ill-typed value or an unknown choice fails when Hydra composes the config; ranges
-are declared on the fields (:func:`dlrm_cache.ranges.checked`) and checked right after.  The command functions
+are declared on the fields (:func:`dlrm_cache.config.ranges.checked`) and checked right after.  The command functions
 (:func:`dlrm_cache.data.synth.synth`, :func:`dlrm_cache.data.preprocess.preprocess`) take either the
 dataclass itself or an OmegaConf object built from it; they never need Hydra to be initialized.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ranges import MAX_SEED, Choice, checked
+from ..config.ranges import MAX_SEED, Choice, checked
 
 
 class Split(Choice):

@@ -11,7 +11,7 @@ A processed dataset is a directory:
     test/...
 
 Every parquet file is written with a CRC32 per page and read back verified (:mod:`.parquet`); the
-manifest, like every output, is written under a temporary name and renamed (:mod:`.files`).
+manifest, like every output, is written under a temporary name and renamed (:mod:`..files.atomic`).
 
 Row r of table C_j is the r-th most frequent (hashed) id of feature j in the training split
 (ties broken by the smaller id).  The last row of every table (index ``table_sizes[j] - 1``) is the
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..layout import MANIFEST as MANIFEST  # (re-exported: the dataset's marker)
-from .files import atomic_write_text, check_regular, one_line
+from ..files.atomic import atomic_write_text, check_regular, one_line
+from ..files.layout import MANIFEST as MANIFEST  # (re-exported: the dataset's marker)
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..jagged import starts, take_lists
+from ..embedding.jagged import starts, take_lists
 
 
 @dataclass

@@ -11,16 +11,16 @@ a feature's ids over a batch are a slice of one column).  A shard is shuffled wi
 column over the whole shard (a column of 250k ids stays in cache, per-batch gathers would miss it),
 and a batch is then one copy per tensor of contiguous column slices, written straight into pinned
 memory when the batches go to a GPU.  Every sample has exactly one id per feature, so the KJT's
-lengths and offsets depend only on the batch size: :class:`OneIdPerSample` builds them once.
+lengths and offsets depend only on the batch size: :class:`~.batch.OneIdPerSample` builds them once.
 A multi-hot dataset (``Manifest.multi_hot``) keeps every feature as a jagged column instead
 (:mod:`.lists`; a one-hot feature's lists have length 1): a batch's KJT has int32 lengths
 ``[F*b]``, offsets of the ids' dtype and its per-key lengths known on the host
-(:class:`~dlrm_cache.jagged.JaggedLayout` moves it), built with numpy, no loop per sample.
+(:class:`~dlrm_cache.embedding.jagged.JaggedLayout` moves it), built with numpy, no loop per sample.
 
 Under sharded embeddings (torchrun, parallel/sharded.py) a rank's batch holds its rows' dense
 features and labels, but its own shards' ids over the *whole* global batch (every rank decodes the
 whole batch anyway): :class:`~dlrm_cache.parallel.owned.OwnedShards`.  A batch moves itself to the
-device (:meth:`Batch.to`), so the pipeline does not depend on which of the two it holds.
+device (:meth:`~.batch.Batch.to`), so the pipeline does not depend on which of the two it holds.
 """
 
 from __future__ import annotations
@@ -30,15 +30,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..jagged import JaggedLayout, assemble
+from ..embedding.jagged import JaggedLayout, assemble
 from ..parallel.owned import OwnedShards, rank_rows
 from ..parallel.placement import Shard
+from .batch import Batch, OneIdPerSample, SparseLayout
 from .format import LABEL, Manifest
 from .idrange import check_ids
 from .lists import Lists, concat_columns, read_lists
@@ -47,100 +46,6 @@ from .unchanged import DatasetFiles
 
 # shards read and shuffled ahead of the one being sliced, each on its own thread
 READ_AHEAD = 2
-
-
-class SparseLayout(Protocol):
-    """How a batch's KeyedJaggedTensor is built (by the loader) and moved to a device."""
-
-    def sparse_to(
-        self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False
-    ) -> KeyedJaggedTensor:
-        """``kjt`` on ``device``, copied asynchronously from pinned memory (``copy``: even where it
-        already is on ``device``)."""
-        ...
-
-
-@dataclass
-class Batch:
-    dense: torch.Tensor  # [b, 13] float32: this rank's rows
-    # every feature's ids of this rank's rows (int32 ids unless a table needs int64): one per
-    # sample, or lists in a multi-hot dataset; under sharded embeddings: this rank's shards over
-    # the whole global batch (OwnedShards)
-    sparse: KeyedJaggedTensor
-    labels: torch.Tensor  # [b] float32
-    layout: SparseLayout | None = None  # how ``sparse`` travels; None: all of its tensors
-    # the shards (paths in the dataset) the rows of its global batch came from: what an error
-    # about this batch names (the same on every rank, whatever the placement)
-    source: tuple[str, ...] = ()
-
-    @property
-    def size(self) -> int:
-        return self.labels.numel()
-
-    def to(self, device: torch.device, copy: bool = False) -> Batch:
-        """This batch on ``device``: asynchronous copies (from pinned memory), nothing read back;
-        the source stays attached.  ``copy``: new tensors even where the batch
-        already is on ``device`` (the tests' stream recorder sees the copy)."""
-        if self.layout is not None:
-            sparse = self.layout.sparse_to(self.sparse, device, copy)
-        else:
-            sparse = self.sparse.to(device, non_blocking=True)
-        return Batch(
-            self.dense.to(device, non_blocking=True, copy=copy),
-            sparse,
-            self.labels.to(device, non_blocking=True, copy=copy),
-            self.layout,
-            self.source,
-        )
-
-
-class OneIdPerSample:
-    """KeyedJaggedTensors of batches with exactly one id per sample and feature.
-
-    Lengths (all 1) and offsets (0..n) depend only on the batch size and the device, so they are
-    built once per pair and shared by every batch (also across threads: they are never written).
-    """
-
-    def __init__(self, keys: list[str]) -> None:
-        self.keys = list(keys)
-        self._layouts: dict[
-            tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]
-        ] = {}
-
-    def kjt(self, ids: torch.Tensor) -> KeyedJaggedTensor:
-        """``ids`` [features, b] (feature-major, contiguous) as a KJT on their own device."""
-        f, b = ids.shape
-        if f != len(self.keys):
-            raise ValueError(f"{f} id rows for {len(self.keys)} features")
-        key = (b, ids.device, ids.dtype)
-        layout = self._layouts.get(key)
-        if layout is None:
-            # fbgemm wants offsets of the ids' dtype; lengths stay int32 as torchrec makes them
-            lengths = torch.ones(f * b, dtype=torch.int32, device=ids.device)
-            offsets = torch.arange(f * b + 1, dtype=ids.dtype, device=ids.device)
-            layout = self._layouts.setdefault(key, (lengths, offsets))
-        return KeyedJaggedTensor(
-            keys=self.keys,
-            values=ids.reshape(-1),
-            lengths=layout[0],
-            offsets=layout[1],
-            stride=b,
-            length_per_key=[b] * f,  # known: saves a reduction over the lengths per consumer
-            offset_per_key=[b * i for i in range(f + 1)],
-        )
-
-    def batch(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> Batch:
-        return Batch(dense, self.kjt(ids), labels, layout=self)
-
-    def sparse_to(
-        self, kjt: KeyedJaggedTensor, device: torch.device, copy: bool = False
-    ) -> KeyedJaggedTensor:
-        """Only the ids travel (asynchronously): the lengths and offsets of that batch size
-        already live on ``device``."""
-        if kjt.values().device == device and not copy:
-            return kjt
-        ids = kjt.values().view(len(self.keys), kjt.stride())
-        return self.kjt(ids.to(device, non_blocking=True, copy=copy))
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .files import one_line, sha256_file
+from ..files.atomic import one_line, sha256_file
 from .format import MANIFEST, MLPERF_MULTI_HOT_SIZES, Manifest
 from .idrange import check_ids
 from .parquet import read_parquet, write_shard
@@ -217,7 +217,7 @@ def materialize(cfg: Any, inp: Path, out: Path, runner: Runner) -> Manifest:
     """Build (or reuse) the multi-hot dataset ``out`` from the one-hot dataset ``inp``, with
     preprocess's guarantees: a temporary sibling directory renamed into place, manifest last, an
     up-to-date output reused, another one replaced only with ``overwrite``."""
-    from ..outputs import DATASET, UnsafeOutput, check_output
+    from ..files.outputs import DATASET, UnsafeOutput, check_output
     from .preprocess.output import prepare, publish
 
     source, sizes = _source(cfg, inp)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .files import check_regular, one_line
+from ..files.atomic import check_regular, one_line
 
 if TYPE_CHECKING:
     import pyarrow as pa

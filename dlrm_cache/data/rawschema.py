@@ -14,8 +14,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ..files.atomic import atomic_write_text
 from .config import SchemaConfig
-from .files import atomic_write_text
 from .schema import Schema, SchemaError, resolve
 
 RAW_SCHEMA = "schema.yaml"

@@ -96,7 +96,7 @@ class Schema:
         return hashlib.sha256(json.dumps(self.record(), sort_keys=True).encode()).hexdigest()
 
     def save(self, directory: Path) -> None:
-        from .files import atomic_write_text
+        from ..files.atomic import atomic_write_text
 
         atomic_write_text(directory / SCHEMA_FILE, json.dumps(self.record(), indent=2))
 

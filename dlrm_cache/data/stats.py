@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .files import check_regular, one_line, sha256_file
+from ..files.atomic import check_regular, one_line, sha256_file
 from .format import MANIFEST, Manifest
 from .parquet import read_parquet, write_parquet
 

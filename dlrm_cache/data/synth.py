@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from tqdm import tqdm
 
-from ..config import config_dict
-from ..threads import Prefetcher
+from ..concurrency.threads import Prefetcher
+from ..config.schemas import config_dict
+from ..files.atomic import atomic_file, atomic_write_text, to_json
 from .config import SynthConfig
 from .criteo import DAY_FILE, day_file_name
-from .files import atomic_file, atomic_write_text, to_json
 from .format import DENSE_NAMES, LABEL, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
 from .rawschema import write_synth_schema
 from .reuse import compare, remove_stale

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..jagged import starts, take_lists
+from ..embedding.jagged import starts, take_lists
 from .format import NUM_SPARSE
 from .multihot import parse_sizes
 from .rawtext import MAX_LINE_BYTES

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ..jagged import starts, take_lists
+from ..embedding.jagged import starts, take_lists
 from . import criteo, rawtext
 from .format import MISSING_ID
 from .schema import LIST_SEPARATOR, Schema, file_columns, fnv1a, int_ids

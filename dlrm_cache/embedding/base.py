@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..choices import Pooling
+from ..config.choices import Pooling
 
 
 class DeviceUnavailable(ValueError):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..choices import Interaction
+from ..config.choices import Interaction
 
 
 @dataclass(frozen=True)

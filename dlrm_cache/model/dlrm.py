@@ -23,7 +23,7 @@ from torch import nn
 from torchrec.models.dlrm import DenseArch, OverArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..choices import Pooling, Precision
+from ..config.choices import Pooling, Precision
 from ..embedding.base import EmbeddingBackend
 from .dcn import CrossShape, DcnInteraction, over_in_features
 

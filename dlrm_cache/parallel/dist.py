@@ -80,7 +80,7 @@ def agree_on_config(cfg, info: DistInfo) -> str:
 
     Returns the run directory every rank uses: rank 0's.
     """
-    from ..config import config_dict, flatten
+    from ..config.schemas import config_dict, flatten
 
     if not info.distributed:
         return str(cfg.run_dir)
@@ -108,7 +108,7 @@ def agree_on_data(identity: dict[str, Any] | str, key: str, path: str, info: Dis
     node may have a copy of its own at that path), or the one-line error it got reading it (the
     other ranks then fail too, instead of waiting for it in the next collective).
     """
-    from ..config import flatten
+    from ..config.schemas import flatten
 
     if not info.distributed:
         return

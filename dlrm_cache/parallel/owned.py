@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..jagged import JaggedLayout, assemble, segment_sums
+from ..embedding.jagged import JaggedLayout, assemble, segment_sums
 from .placement import Shard
 
 
@@ -36,7 +36,7 @@ class OwnedShards(JaggedLayout):
     multi-hot one); a row range ``[lo, hi)`` holds the ids inside it, relative to ``lo``, so a
     sample's length is how many of its ids fall inside (0 or 1 for one-hot).  The stride is the
     global batch size, and the per-key lengths are known on the host, so no consumer has to read
-    them back from a device (:class:`~dlrm_cache.jagged.JaggedLayout` moves the batch).
+    them back from a device (:class:`~dlrm_cache.embedding.jagged.JaggedLayout` moves the batch).
     """
 
     def __init__(self, features: list[str], shards: list[Shard]) -> None:

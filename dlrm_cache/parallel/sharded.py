@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from ..choices import Pooling
+from ..config.choices import Pooling
 from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, bag_sizes
 from .owned import rank_sizes
 from .placement import Shard

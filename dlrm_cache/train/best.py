@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..choices import Monitored, MonitorMode, Which
-from ..config import MonitorConfig, flatten
-from ..layout import CKPT_META
-from ..rundir import CHECKPOINT, EVAL, START, logged_records
+from ..config.choices import Monitored, MonitorMode, Which
+from ..config.schemas import MonitorConfig, flatten
+from ..files.layout import CKPT_META
+from ..rundir.records import CHECKPOINT, EVAL, START, logged_records
 from .checkpoint import complete_checkpoints, find_checkpoint, remove_checkpoint, run_and_folder
 
 MONITORED_SPLIT = "val"  # monitor.metric names val_<key of its eval records>

@@ -29,10 +29,10 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..data.files import atomic_file
-from ..layout import CKPT_META, SNAPSHOT
-from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
-from ..tensorboard import EVENTS_GLOB
+from ..files.atomic import atomic_file
+from ..files.layout import CKPT_META, SNAPSHOT
+from ..rundir.records import ABANDONED, CKPT_DIR, METRICS, SUMMARY
+from ..rundir.tensorboard import EVENTS_GLOB
 from .checkpoint import step_dirs
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
-"""Building a training run from its composed config: the embedding placement (whole tables, or
-sharded over the ranks under torchrun) with its initial rows, the model, the dense optimizer, the
-data streams and the run directory's log; and restoring a checkpoint into it."""
+"""Building a training run from its composed config: the embedding placement (:mod:`.embeddings`),
+the model, the dense optimizer, the data streams and the run directory's log; and restoring a
+checkpoint into it."""
 
 from __future__ import annotations
 
@@ -10,23 +10,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ..console import Progress
-from ..data.files import one_line
+from ..console.say import Progress
 from ..data.format import Manifest
 from ..data.loader import ShardStream, batches_per_epoch, check_batch_split
-from ..embedding.base import EmbeddingBackend, SparseOptim, TableSpec, initial_state
+from ..embedding.base import EmbeddingBackend
+from ..files.atomic import one_line
 from ..model.dcn import cross_shape
 from ..model.dlrm import DLRM
 from ..parallel.dist import DistInfo, agree_on_config, agree_on_data
-from ..parallel.placement import Shard, available_host_bytes, plan_placement
-from ..parallel.sharded import ShardedEmbeddings
-from ..rundir import CHECKPOINT, EVAL, JsonlLog, open_log
+from ..parallel.placement import Shard
+from ..rundir.records import CHECKPOINT, EVAL, JsonlLog, open_log
 from .best import Tracker
 from .checkpoint import checkpoint_meta, save_checkpoint, step_dir
 from .claim import claim_run_dir
+from .embeddings import build_embeddings
 from .evaluate import eval_batches, evaluate
 from .optim import build_dense_optimizer, load_dense_state
 from .preflight import check_dense_memory
@@ -36,119 +35,6 @@ from .signals import StopAgreement
 from .step import set_matmul_precision
 
 log = logging.getLogger(__name__)
-
-
-def embedding_factory(cfg: DictConfig, data_path: Path, device: torch.device):
-    """``make(tables, shards) -> EmbeddingBackend`` for the configured placement.
-
-    ``shards`` (row ranges of whole tables, see parallel/placement.py) give each local table its slice of
-    the frequency statistics; ``None`` means the tables are whole.
-    """
-    optim = SparseOptim(cfg.optim.sparse.name, cfg.optim.sparse.lr, cfg.optim.sparse.eps)
-    backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
-    wants_counts = backend.uses_counts
-    counts = None
-    if wants_counts:
-        from ..data.stats import counted_samples, load_counts
-
-        counts = load_counts(data_path)
-        samples = counted_samples(Manifest.load(data_path, key="data.path"))
-    # _partial_: hydra would turn the dataclass arguments into DictConfigs if passed through it
-    partial = instantiate(cfg.embedding, _partial_=True)
-
-    def make(tables: list[TableSpec], shards: list[Shard] | None = None) -> EmbeddingBackend:
-        extra: dict[str, Any] = {}
-        if counts is not None:
-            ranges = shards or [Shard(t.name, 0, t.num_rows, t.num_rows) for t in tables]
-            extra["counts"] = {s.name: counts[s.table][s.lo : s.hi] for s in ranges}
-            extra["counted_samples"] = samples
-        return partial(tables=tables, optim=optim, device=device, **extra)
-
-    return make, optim, counts
-
-
-def host_budget(cfg: DictConfig, local_ranks: int) -> float:
-    """Host bytes per rank for embedding tables: host_memory_gb, else MemAvailable shared by the ranks."""
-    return (
-        cfg.host_memory_gb * 2**30 if cfg.host_memory_gb > 0 else available_host_bytes(local_ranks)
-    )
-
-
-def host_row_overhead(cfg: DictConfig, device: torch.device) -> int:
-    """The placement's host bytes per table row besides the row itself (its bookkeeping)."""
-    backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
-    settings = OmegaConf.to_container(cfg.embedding, resolve=True, enum_to_str=True)
-    assert isinstance(settings, dict)
-    return backend.host_bytes_per_row(device, {str(k): v for k, v in settings.items()})
-
-
-def check_host_memory(
-    cfg: DictConfig, tables: list[TableSpec], optim: SparseOptim, device: torch.device
-) -> None:
-    """Fail before allocating when the tables cannot fit in host memory (one process).
-
-    Start-up holds the initial rows (built on the host) next to the placement's own host copy
-    (every placement but hbm keeps all rows in host memory), plus the placement's per-row
-    bookkeeping.
-    """
-    budget = host_budget(cfg, 1)
-    table_bytes = sum(t.num_rows * optim.row_bytes(t.dim) for t in tables)
-    extra = sum(t.num_rows for t in tables) * host_row_overhead(cfg, device)
-    backend: type[EmbeddingBackend] = get_class(cfg.embedding._target_)
-    copies = 2 if backend.keeps_rows_in_host_memory else 1
-    if table_bytes * copies + extra > budget:
-        raise ValueError(
-            f"host_memory_gb: the embedding tables take {table_bytes / 2**30:.2f} GiB "
-            f"(x{copies} while they are initialized) and the placement's bookkeeping "
-            f"{extra / 2**30:.2f} GiB, but {budget / 2**30:.2f} GiB of host memory are available; use more processes (torchrun shards the tables), a smaller "
-            "model.embedding_dim, preprocess with hash_modulus, or set host_memory_gb if the estimate is wrong"
-        )
-
-
-def build_embeddings(
-    cfg: DictConfig, manifest: Manifest, data_path: Path, device: torch.device, info: DistInfo
-) -> tuple[EmbeddingBackend, list[Shard] | None]:
-    """The embeddings, and this rank's shards when they are sharded (its loader needs them)."""
-    tables = [
-        TableSpec(name, rows, cfg.model.embedding_dim)
-        for name, rows in zip(manifest.sparse_names, manifest.table_sizes)
-    ]
-    make, optim, counts = embedding_factory(cfg, data_path, device)
-    if not info.distributed:
-        check_host_memory(cfg, tables, optim, device)
-        embeddings = make(tables)
-        embeddings.import_tables(initial_state(tables, optim, cfg.seed))
-        return embeddings, None
-    budget = host_budget(cfg, info.local_world_size)
-    placement = plan_placement(
-        tables,
-        info.world_size,
-        optim,
-        budget,
-        cfg.embedding.get("cache_ratio"),
-        counts,
-        cfg.shard_rows_above,
-        host_row_overhead(cfg, device),
-    )
-    if info.is_main:
-        log.info(
-            "embedding placement (%d ranks):\n%s",
-            info.world_size,
-            placement.table(info.world_size, optim.row_bytes(cfg.model.embedding_dim)),
-        )
-    sharded = ShardedEmbeddings(tables, optim, placement.shards, make, device)
-    # the same initial rows as one process would have: whole tables from their seed, then sliced
-    mine = placement.owned_by(info.rank)
-    full = initial_state(
-        [t for t in tables if any(s.table == t.name for s in mine)], optim, cfg.seed
-    )
-    state = {}
-    for s in mine:
-        for field in ("weight", "momentum1"):
-            if f"{s.table}.{field}" in full:
-                state[f"{s.name}.{field}"] = full[f"{s.table}.{field}"][s.lo : s.hi]
-    sharded.import_tables(state)
-    return sharded, mine
 
 
 @dataclass
@@ -353,8 +239,8 @@ def build_run(cfg: DictConfig, device: torch.device, info: DistInfo) -> Training
         cfg, manifest, info, device, "val", cfg.data.eval_batch_size, owned=owned
     )
     keep = resumed.keep
-    from ..tensorboard import attach as attach_tensorboard
-    from ..tensorboard import cut_back as cut_back_tensorboard
+    from ..rundir.tensorboard import attach as attach_tensorboard
+    from ..rundir.tensorboard import cut_back as cut_back_tensorboard
 
     if keep is not None and info.is_main:  # before the log is cut: its records say what to keep
         cut_back_tensorboard(run_dir, keep)

@@ -8,7 +8,7 @@ Tables are found by name, so a checkpoint written by N ranks can be resumed by M
 table placement.
 
 Crash safety: everything is written (and fsync'ed) into ``.step_<N>.tmp/``, which replaces
-``step_<N>/`` by :func:`~dlrm_cache.data.files.replace_dir`, so a kill at any point leaves every
+``step_<N>/`` by :func:`~dlrm_cache.files.atomic.replace_dir`, so a kill at any point leaves every
 earlier checkpoint complete; :func:`final_checkpoint` takes the newest complete one that the run's
 log records (a resume from an older checkpoint first sets the later ones aside: :mod:`.branch`).
 
@@ -29,8 +29,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from ..config import config_dict
-from ..data.files import (
+from ..config.schemas import config_dict
+from ..data.format import Manifest
+from ..files.atomic import (
     WriteError,
     atomic_write_text,
     fsync_path,
@@ -39,9 +40,8 @@ from ..data.files import (
     replace_dir,
     torch_save,
 )
-from ..data.format import Manifest
-from ..layout import CKPT_DENSE, CKPT_META
-from ..rundir import CKPT_DIR, recorded_checkpoints
+from ..files.layout import CKPT_DENSE, CKPT_META
+from ..rundir.records import CKPT_DIR, recorded_checkpoints
 
 _STEP_DIR = re.compile(r"step_(\d+)")
 _LEFT_BEHIND = re.compile(r"\.(step_\d+)\.(tmp|old)")  # by a save that was killed

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.files import atomic_write_text
-from ..layout import SNAPSHOT
-from ..rundir import ABANDONED, CKPT_DIR, METRICS, SUMMARY
-from ..typed import typed_override
+from ..console.typed import typed_override
+from ..files.atomic import atomic_write_text
+from ..files.layout import SNAPSHOT
+from ..rundir.records import ABANDONED, CKPT_DIR, METRICS, SUMMARY
 
 if TYPE_CHECKING:
     from ..parallel.dist import DistInfo
@@ -247,7 +247,7 @@ def checked_run_dir(run_dir: str, data_path: str | None) -> str:
     ``overwrite=true`` would empty), or a directory inside a dataset or a checkpoint.  Hydra asks
     it before it writes anything there but the directory itself (train.yaml's log file name),
     which is then removed again if empty.  The one check of train's run directory."""
-    from ..outputs import RUN, UnsafeOutput, check_output
+    from ..files.outputs import RUN, UnsafeOutput, check_output
 
     _launched[:] = [Path(run_dir)]
     reads = [("dataset", data_path)] if data_path else []

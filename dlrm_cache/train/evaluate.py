@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..console import Progress
+from ..console.say import Progress
 from ..data.loader import ShardStream
 from ..embedding.base import EmbeddingBackend
-from ..outputs import Stopped
+from ..files.outputs import Stopped
 from .metrics import EvalMetrics
 from .pipeline import Pipeline
 

@@ -1,5 +1,5 @@
 """The training loop: from a composed config to a trained, evaluated model whose records and
-summary are in its run directory (see rundir.py).  Building the run is train/build.py's; one step
+summary are in its run directory (see rundir/records.py).  Building the run is train/build.py's; one step
 is train/step.py's."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from ..config import backend_name, config_dict
-from ..console import say
+from ..config.schemas import backend_name, config_dict
+from ..console.readable import summary_order
+from ..console.say import say
 from ..data.format import Manifest
-from ..outputs import Stopped
+from ..files.outputs import Stopped
 from ..parallel.dist import DistInfo, init_distributed, resolve_device, shutdown
-from ..readable import summary_order
-from ..rundir import (
+from ..rundir.records import (
     BEST,
     EVAL,
     FIRST_STEP,

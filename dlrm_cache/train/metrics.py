@@ -1,5 +1,5 @@
 """Metrics: torchmetrics for AUC/accuracy, the embedding counters over a run, a small table for people.
-(The run's JSON-lines record is rundir.py's.)"""
+(The run's JSON-lines record is rundir/records.py's.)"""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..console.readable import format_value, natural_key
 from ..embedding.rates import is_rate, rate_weight_key
-from ..readable import format_value, natural_key
 
 
 class EvalMetrics:

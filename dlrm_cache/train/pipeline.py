@@ -7,7 +7,7 @@ Threads, from the disk to the step:
 * the training thread (this iterator): the asynchronous device copy, ``prefetch`` of batch
   ``t + lookahead`` (the backend moves that batch's rows while batch ``t`` trains), then batch ``t``.
 
-Streams (see dlrm_cache/streams.py): a batch is copied on the device's *input* stream, never on the
+Streams (see dlrm_cache/concurrency/streams.py): a batch is copied on the device's *input* stream, never on the
 compute stream, so the cache's planning of that batch (which waits for the copy) never waits for
 the step in flight; the compute stream waits for the copy's event only when the batch is handed to
 the step, and all of the batch's tensors (the KJT's lengths and offsets too) are
@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..data.loader import Batch
+from ..concurrency.streams import streams_for
+from ..concurrency.threads import Prefetcher
+from ..data.batch import Batch
 from ..embedding.base import EmbeddingBackend
-from ..streams import streams_for
-from ..threads import Prefetcher
 
 
 def _kjt_tensors(kjt: KeyedJaggedTensor) -> list[torch.Tensor]:

@@ -1,6 +1,6 @@
 """Checks before a training run allocates: the dense layers, their gradients and their optimizer
 state against the memory where they live (the embedding tables' host memory check is
-:func:`.build.check_host_memory`)."""
+:func:`.embeddings.check_host_memory`)."""
 
 from __future__ import annotations
 

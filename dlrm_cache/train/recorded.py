@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..config import flatten
-from ..data.files import one_line
+from ..config.schemas import flatten
 from ..data.format import DENSE_NAMES, SPARSE_NAMES
 from ..embedding.base import SparseOptim
+from ..files.atomic import one_line
 from ..model.dcn import cross_shape
 from ..model.dlrm import dense_shapes, dense_state_problem
 from ..parallel.placement import parse_key

@@ -16,12 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ..choices import Interaction, Pooling
-from ..config import config_dict, flatten
+from ..config.choices import Interaction, Pooling
+from ..config.schemas import config_dict, flatten
 from ..data.format import Manifest
-from ..layout import CKPT_META
+from ..files.layout import CKPT_META
 from ..parallel.dist import DistInfo
-from ..rundir import BEST, EVAL, SUMMARY, logged_records, read_summary
+from ..rundir.records import BEST, EVAL, SUMMARY, logged_records, read_summary
 from .best import Chosen, Monitor, Tracker, choose_checkpoint
 from .checkpoint import run_and_folder
 from .optim import MOMENTUM_OPTIMIZERS

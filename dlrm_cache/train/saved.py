@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from ..data.files import check_regular, one_line, sha256_file
-from ..layout import CKPT_DENSE, CKPT_META
+from ..files.atomic import check_regular, one_line, sha256_file
+from ..files.layout import CKPT_DENSE, CKPT_META
 from ..parallel.placement import parse_key
-from ..rundir import CHECKPOINT, METRICS, logged_records
+from ..rundir.records import CHECKPOINT, METRICS, logged_records
 from .optim import dense_optimizer_problem
 from .recorded import RecordedModel
 

@@ -32,11 +32,11 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ..console import say
-from ..outputs import signal_handlers
+from ..concurrency.streams import streams_for
+from ..console.say import say
+from ..console.typed import typed_override
+from ..files.outputs import signal_handlers
 from ..parallel.dist import DistInfo
-from ..streams import streams_for
-from ..typed import typed_override
 from .checkpoint import step_dir
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

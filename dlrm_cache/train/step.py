@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..choices import Precision
-from ..data.loader import Batch
+from ..config.choices import Precision
+from ..data.batch import Batch
 
 
 def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:

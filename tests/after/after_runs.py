@@ -15,7 +15,7 @@ from tiny import TINY_MODEL
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
 
 
 @dataclass
@@ -55,7 +55,7 @@ def _train(overrides: list[str]) -> dict:
 
 def exported_tables(args: dict) -> EmbeddingBagCollection:
     """The embedding tables an export's ``dlrm.json`` arguments describe, as torchrec builds
-    them (from the JSON alone, not through dlrm_cache.export's own builder)."""
+    them (from the JSON alone, not through dlrm_cache.after.export's own builder)."""
     tables = [
         EmbeddingBagConfig(
             name=t["name"],
@@ -96,9 +96,9 @@ def assert_reproduces_predict(
 ) -> None:
     """``model`` (an exported state dict loaded into torchrec's model) gives ``predict``'s
     probabilities for ``checkpoint`` over ``data``'s test split, to 1e-6."""
+    from dlrm_cache.after.predict import predict
     from dlrm_cache.data.format import Manifest
     from dlrm_cache.data.loader import ShardStream
-    from dlrm_cache.predict import predict
 
     model.eval()
     predicted = tmp_path / "p.parquet"

@@ -16,7 +16,7 @@ import pytest
 import torch
 from after_runs import Run, _train, train_overrides
 
-from dlrm_cache.data.files import sha256_file
+from dlrm_cache.files.atomic import sha256_file
 from dlrm_cache.train.saved import Checkpoint
 
 

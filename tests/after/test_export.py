@@ -29,7 +29,7 @@ def test_torchrec_dlrm_reproduces_predict(
     code, stdout, err = run_export(capsys, f"checkpoint={cached_run.path}", f"output={out}")
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["dlrm.json", "state_dict.pt"]
-    # torchrec's model from the JSON alone (not through dlrm_cache.export's own builder)
+    # torchrec's model from the JSON alone (not through dlrm_cache.after.export's own builder)
     model = exported_model(out)
     assert_reproduces_predict(model, cached_run.path, processed_synth, tmp_path)
 

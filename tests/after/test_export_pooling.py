@@ -17,8 +17,8 @@ from after_runs import (
 )
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm_cache.after.trained import open_trained
 from dlrm_cache.cli import main
-from dlrm_cache.trained import open_trained
 
 
 def test_mean_pooling_exports_as_torchrec_mean(processed_synth: Path, tmp_path: Path):

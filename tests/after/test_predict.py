@@ -12,8 +12,8 @@ import pytest
 import torch
 from after_runs import compose_config
 
+from dlrm_cache.after.predict import predict
 from dlrm_cache.cli import main
-from dlrm_cache.predict import predict
 
 # placed among the test lines of the raw files below: each is skipped, the rest keep their batches
 BAD = [b"1\t2\t3", b"2" + b"\t" * 39, b"0" + b"\t" * 13 + b"zz" + b"\t" * 25]

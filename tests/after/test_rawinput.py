@@ -10,11 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm_cache.data.config import PreprocessConfig, SynthConfig
-from dlrm_cache.data.format import DENSE_NAMES, LABEL, SPARSE_NAMES, Manifest
-from dlrm_cache.data.preprocess import preprocess
-from dlrm_cache.data.synth import synth
-from dlrm_cache.rawinput import (
+from dlrm_cache.after.rawinput import (
     LABELLED,
     UNLABELLED,
     IdMapper,
@@ -22,6 +18,10 @@ from dlrm_cache.rawinput import (
     new_bad_line_log,
     read_rows,
 )
+from dlrm_cache.data.config import PreprocessConfig, SynthConfig
+from dlrm_cache.data.format import DENSE_NAMES, LABEL, SPARSE_NAMES, Manifest
+from dlrm_cache.data.preprocess import preprocess
+from dlrm_cache.data.synth import synth
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 from test_output_rule import _raw
 from test_output_safety import cli
 
-from dlrm_cache import predict as predict_module
+from dlrm_cache.after import predict as predict_module
 from dlrm_cache.train.metrics import EvalMetrics
 
 

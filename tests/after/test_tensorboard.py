@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from dlrm_cache.tensorboard import crc32c, masked_crc32c, read_scalars, record_scalars
+from dlrm_cache.rundir.tensorboard import crc32c, masked_crc32c, read_scalars, record_scalars
 
 
 def test_crc32c_known_values():

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from dlrm_cache.concurrency.threads import Prefetcher
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.loader import ShardStream
-from dlrm_cache.threads import Prefetcher
 
 
 def _rows(batch) -> np.ndarray:

@@ -18,7 +18,7 @@ from dlrm_cache.data.config import PreprocessConfig
 from dlrm_cache.data.format import MLPERF_MULTI_HOT_SIZES, Manifest
 from dlrm_cache.data.multihot import parse_sizes
 from dlrm_cache.data.preprocess import PreprocessError, preprocess
-from dlrm_cache.verify import VerifyConfig, verify
+from dlrm_cache.data.verify import VerifyConfig, verify
 
 
 def _mlperf_tables(sizes: list[int], rows: list[int], dist: str, seed: int) -> list[np.ndarray]:

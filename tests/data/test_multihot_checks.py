@@ -18,7 +18,7 @@ from test_integrity import cli  # noqa: E402
 from dlrm_cache.data.format import Manifest  # noqa: E402
 from dlrm_cache.data.loader import ShardStream  # noqa: E402
 from dlrm_cache.data.parquet import read_parquet, write_shard  # noqa: E402
-from dlrm_cache.verify import VerifyConfig, verify  # noqa: E402
+from dlrm_cache.data.verify import VerifyConfig, verify  # noqa: E402
 
 
 def _set_column(ds: Path, rel: str, name: str, make: Callable[[pa.ChunkedArray, int], pa.Array]):

@@ -236,7 +236,7 @@ def test_crash_mid_run_then_recover(raw_small: Path, tmp_path: Path, monkeypatch
 
     # A kill while *replacing* it, between moving the old dataset aside and renaming the new one
     # in: the next run puts the old one back (and finds it up to date) instead of deleting it.
-    from dlrm_cache.data.files import aside_path
+    from dlrm_cache.files.atomic import aside_path
 
     out.rename(aside_path(out))
     (tmp_path / ".ds.tmp-999999" / "train").mkdir(parents=True)

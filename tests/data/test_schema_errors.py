@@ -15,13 +15,13 @@ from omegaconf import OmegaConf
 from schema_inputs import dataset_digests
 
 import dlrm_cache.data.preprocess as pp
+from dlrm_cache.after.rawinput import input_schema
 from dlrm_cache.data.config import DenseColumn, SchemaConfig, SparseColumn
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.rawtext import InputError
 from dlrm_cache.data.schema import resolve
 from dlrm_cache.data.stats import load_feature_stats
 from dlrm_cache.data.tabular import standardized
-from dlrm_cache.rawinput import input_schema
 
 from refdata import pp_config
 

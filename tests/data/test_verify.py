@@ -16,9 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from test_integrity import cli, one_line, train_args  # noqa: E402
 
-from dlrm_cache.data.files import sha256_file
 from dlrm_cache.data.parquet import read_parquet, write_parquet  # noqa: E402
 from dlrm_cache.data.stats import COUNTS  # noqa: E402
+from dlrm_cache.files.atomic import sha256_file
 
 
 def _manifest(change: Callable[[dict], None]) -> Callable[[Path], None]:

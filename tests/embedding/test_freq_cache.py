@@ -652,7 +652,7 @@ def test_the_training_thread_reads_nothing_and_the_planner_reads_its_own_results
     CPU as the aten ops and tensor reads that would synchronize (HostSyncCounter) on each
     thread."""
     from dlrm_cache.bench.syncs import HostSyncCounter
-    from dlrm_cache.streams import InlineStreams, streams_override
+    from dlrm_cache.concurrency.streams import InlineStreams, streams_override
 
     planner_c = HostSyncCounter()
 
@@ -735,10 +735,10 @@ def test_round_plans_equal_an_independent_model_of_the_set_map(policy):
     round over random batches of one table with zipf ids: hits, the victim of every miss, the
     keys held afterwards, every id's slot, and refusals when a set runs out of unpinned ways
     (a small region and no releases between some rounds force those)."""
+    from dlrm_cache.concurrency.streams import InlineStreams
     from dlrm_cache.embedding.freq_cache.plan import RoundPlanner, TableParams
     from dlrm_cache.embedding.freq_cache.scores import EvictionScores
     from dlrm_cache.embedding.freq_cache.sets import SetMap
-    from dlrm_cache.streams import InlineStreams
 
     rows, static = 600, 40
     counts = np.round(zipf_probs(rows, 1.2) * 1e5)
@@ -912,8 +912,8 @@ def test_planner_failure_surfaces_at_the_next_call_inline_and_threaded():
     the planner runs tasks inline (no streams) or on its thread (streams)."""
     import threading
 
+    from dlrm_cache.concurrency.streams import InlineStreams
     from dlrm_cache.embedding.freq_cache.planner import Planner
-    from dlrm_cache.streams import InlineStreams
 
     class WithStreams(InlineStreams):
         asynchronous = True
@@ -942,8 +942,8 @@ def test_a_planner_thread_that_fails_to_start_raises_instead_of_hanging():
     waits forever on a dead thread."""
     import threading
 
+    from dlrm_cache.concurrency.streams import InlineStreams
     from dlrm_cache.embedding.freq_cache.planner import Planner
-    from dlrm_cache.streams import InlineStreams
 
     class BrokenThread(InlineStreams):
         asynchronous = True
@@ -1030,7 +1030,7 @@ def test_a_write_back_that_does_not_land_is_raised_never_waited_for(threaded):
     """A write-back whose scatter into the host store fails (or whose copy's event reports a
     device error) is raised by a later call of the training thread, not waited for forever;
     the rows it held are lost, so every later flush raises too."""
-    from dlrm_cache.streams import InlineStreams, streams_override
+    from dlrm_cache.concurrency.streams import InlineStreams, streams_override
 
     class WithStreams(InlineStreams):
         asynchronous = True
@@ -1136,7 +1136,7 @@ def test_host_memory_check_counts_the_cache_bookkeeping():
     freq_cache is refused before allocating, the host placement is not."""
     from omegaconf import OmegaConf
 
-    from dlrm_cache.train.build import check_host_memory
+    from dlrm_cache.train.embeddings import check_host_memory
 
     tables = make_tables([20000, 5000, 300, 8000])
     optim = SparseOptim("rowwise_adagrad")

@@ -18,10 +18,10 @@ from test_freq_cache import (
     random_state,
 )
 
+from dlrm_cache.concurrency.streams import streams_for
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.direct import HbmBackend, UvmCacheBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
-from dlrm_cache.streams import streams_for
 
 pytestmark = [
     pytest.mark.gpu,
@@ -202,7 +202,7 @@ def test_multi_hot_mean_pooling_on_gpu_matches_host(name):
     lengths: every CUDA placement trains as the host tables do."""
     from test_multi_hot import jagged_batch
 
-    from dlrm_cache.choices import Pooling
+    from dlrm_cache.config.choices import Pooling
     from dlrm_cache.embedding.direct import HostBackend
 
     tables, optim = make_tables(), SparseOptim("rowwise_adagrad", lr=0.1)

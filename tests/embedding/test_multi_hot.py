@@ -16,7 +16,8 @@ from launching import launch_ranks
 from test_freq_cache import make_counts, make_tables, random_state, zipf_probs
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm_cache.choices import Pooling, Precision
+from dlrm_cache.after.trained import FrozenTables
+from dlrm_cache.config.choices import Pooling, Precision
 from dlrm_cache.embedding.base import SparseOptim, TableSpec
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend, plan_table
@@ -24,7 +25,6 @@ from dlrm_cache.embedding.freq_cache.layout import cache_layout
 from dlrm_cache.model.dlrm import DLRM
 from dlrm_cache.parallel.placement import Shard, plan_placement
 from dlrm_cache.parallel.sharded import ShardedEmbeddings
-from dlrm_cache.trained import FrozenTables
 
 TOL = dict(rtol=1e-5, atol=2e-6)
 MAX_LEN = [4, 1, 7, 3]  # per table: bags of 0..MAX_LEN ids (table 1: 0 or 1)

@@ -40,7 +40,7 @@ def _train_entry(overrides: list[str], per_rank: dict[int, list[str]]):
     """Runs in each launched process: compose the config like the CLI does and train."""
     from hydra import compose, initialize_config_dir
 
-    from dlrm_cache.configstore import config_dir, register_configs
+    from dlrm_cache.commands.store import config_dir, register_configs
     from dlrm_cache.train.loop import train
 
     rank = int(os.environ["RANK"])

@@ -17,7 +17,7 @@ def _node_entry(nodes: Path, overrides: list[str]):
     """One rank on "its node": its own working directory, where ``ds`` is its local copy."""
     from hydra import compose, initialize_config_dir
 
-    from dlrm_cache.configstore import config_dir, register_configs
+    from dlrm_cache.commands.store import config_dir, register_configs
     from dlrm_cache.train.loop import train
 
     os.chdir(nodes / f"node{os.environ['RANK']}")

@@ -18,9 +18,10 @@ import torch.distributed as dist
 from launching import launch_ranks
 
 from dlrm_cache.bench.syncs import HostSyncCounter
-from dlrm_cache.choices import Pooling
+from dlrm_cache.config.choices import Pooling
+from dlrm_cache.data.batch import Batch
 from dlrm_cache.data.format import Manifest
-from dlrm_cache.data.loader import Batch, ShardStream
+from dlrm_cache.data.loader import ShardStream
 from dlrm_cache.embedding.base import SparseOptim, TableSpec, initial_state
 from dlrm_cache.embedding.direct import HostBackend
 from dlrm_cache.parallel.placement import Shard, plan_placement

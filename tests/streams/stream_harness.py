@@ -1,6 +1,6 @@
 """A recorder of stream operations: what a GPU would order, checked on the CPU.
 
-:class:`RecordingStreams` implements :class:`dlrm_cache.streams.Streams` with fake streams and
+:class:`RecordingStreams` implements :class:`dlrm_cache.concurrency.streams.Streams` with fake streams and
 vector clocks.  Installed with ``streams_override`` and :meth:`RecordingStreams.activate`, it
 attributes every aten op (a ``TorchDispatchMode``, entered by each thread that issues work) to the
 calling thread's current fake stream, and models CUDA's ordering rules:
@@ -81,7 +81,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from dlrm_cache.bench.syncs import _sync_kind
-from dlrm_cache.streams import Streams
+from dlrm_cache.concurrency.streams import Streams
 
 aten = torch.ops.aten
 Clock = dict  # stream index -> ops issued on it

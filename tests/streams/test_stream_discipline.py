@@ -28,9 +28,9 @@ from launching import launch_ranks
 from test_freq_cache import make_batch, make_tables, random_state  # noqa: E402
 from test_train import base_overrides, compose_train  # noqa: E402
 
+from dlrm_cache.concurrency.streams import streams_for, streams_override
 from dlrm_cache.embedding.base import SparseOptim
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend
-from dlrm_cache.streams import streams_for, streams_override
 from dlrm_cache.train import build, metrics
 from dlrm_cache.train.loop import train
 
@@ -263,7 +263,7 @@ def _recorded_rank(overrides: list[str]) -> dict:
     """One torchrun rank (gloo, CPU) training under its own recorder: what the checks found."""
     from hydra import compose, initialize_config_dir
 
-    from dlrm_cache.configstore import config_dir, register_configs
+    from dlrm_cache.commands.store import config_dir, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from stream_harness import RecordingStreams
 
-from dlrm_cache.streams import Streams
+from dlrm_cache.concurrency.streams import Streams
 
 
 def _recorder():

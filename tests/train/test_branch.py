@@ -18,7 +18,7 @@ import pytest
 from tiny import TINY_MODEL
 
 from dlrm_cache.cli import main
-from dlrm_cache.tensorboard import EVENTS_GLOB, read_scalars, record_scalars, record_step
+from dlrm_cache.rundir.tensorboard import EVENTS_GLOB, read_scalars, record_scalars, record_step
 
 SMALL = [
     "device=cpu",

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_integrity import Cli, one_line, train_args
 
-from dlrm_cache.data.files import replace_dir
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.loader import ShardStream
+from dlrm_cache.files.atomic import replace_dir
 
 TABLES = [50, 200, 1000, 30, 500]
 

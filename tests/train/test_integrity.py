@@ -33,7 +33,7 @@ from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.parquet import read_parquet, write_parquet
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.verify"])
+_CTX.set_forkserver_preload(["dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.data.verify"])
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -375,7 +375,7 @@ def test_an_id_outside_its_table_names_the_shard_under_every_placement(
 def test_non_finite_settings_are_refused_at_composition(tmp_path: Path):
     from test_train import compose_train
 
-    from dlrm_cache.ranges import validate
+    from dlrm_cache.config.ranges import validate
 
     one_line(
         *cli("train", "data.path=nowhere", "optim.dense.lr=inf", cwd=tmp_path),
@@ -407,7 +407,7 @@ def _strict(text: str):
 def test_metrics_and_summary_are_strict_json(tmp_path: Path):
     import math
 
-    from dlrm_cache.rundir import JsonlLog
+    from dlrm_cache.rundir.records import JsonlLog
 
     log = JsonlLog(tmp_path / "metrics.jsonl")
     log.write("eval", auc=math.nan, loss=torch.tensor(math.inf), rates=[1.0, -math.inf])

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from hydra.errors import ConfigCompositionException
 from test_train import _params, base_overrides, compose_train
 
-from dlrm_cache.config import Precision
-from dlrm_cache.data.loader import OneIdPerSample
+from dlrm_cache.config.schemas import Precision
+from dlrm_cache.data.batch import OneIdPerSample
 from dlrm_cache.embedding.base import SparseOptim, TableSpec
 from dlrm_cache.embedding.direct import HbmBackend
 from dlrm_cache.embedding.freq_cache import FreqCacheBackend

@@ -434,7 +434,7 @@ def test_disk_full_while_saving_keeps_the_earlier_checkpoints(straight, tmp_path
     assert code == 1
     last = err.strip().splitlines()[-1]
     assert last.startswith(
-        "dlrm_cache.data.files.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
+        "dlrm_cache.files.atomic.WriteError: [Errno 27] checkpoint step 4 not written (File too large); "
         "the earlier checkpoints are intact"
     ), last
     assert str(d / "checkpoints") in last
@@ -637,7 +637,7 @@ def test_statistics_other_than_the_manifest_says_are_refused(processed_synth: Pa
 
 
 def test_metrics_log_drops_a_line_cut_short_and_keeps_what_it_is_told(tmp_path: Path):
-    from dlrm_cache.rundir import JsonlLog
+    from dlrm_cache.rundir.records import JsonlLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from tiny import TINY_MODEL
 
-from dlrm_cache.configstore import config_dir, register_configs
+from dlrm_cache.commands.store import config_dir, register_configs
 from dlrm_cache.train.loop import train
 from dlrm_cache.train.saved import Checkpoint
 from dlrm_cache.train.timing import seconds_since_process_start

@@ -16,6 +16,8 @@ states the malformed-line policy; :mod:`.badlines` counts and reports them; :mod
 which split a line is in; ``hash_modulus`` m > 0 maps id -> id mod m before counting (the empty
 value stays :data:`..format.MISSING_ID`, its own row, so a table has at most m + 2 rows).
 :mod:`.output` owns the output directory (reuse, atomic replacement, leftovers of killed runs).
+
+Imports what `data/` may (`config/`, `files/`, `concurrency/`, `parallel/`) and `data/` itself.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...outputs import DATASET, UnsafeOutput, check_output
+from ...files.atomic import resolve_path
+from ...files.outputs import DATASET, UnsafeOutput, check_output
 from ..config import PreprocessConfig
-from ..files import resolve_path
 from ..format import MANIFEST, Manifest
 from ..parquet import write_shard as _write_shard  # shards are written through this name
 from ..rawschema import beside, load

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..files import sha256_file
+from ...files.atomic import sha256_file
 from ..format import SCHEMA_VERSION, SPLITS, Manifest, SplitInfo
 from ..schema import Schema
 from ..stats import COUNTS, SUMMARY, format_summary, summarize, write_counts

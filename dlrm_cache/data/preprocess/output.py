@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...config import config_dict
+from ...config.schemas import config_dict
+from ...files.atomic import WriteError, out_of_room, recover_dir
 from .. import criteo
-from ..files import WriteError, out_of_room, recover_dir
 from ..format import MANIFEST, Manifest
 from ..reuse import compare, remove_stale
 from ..schema import SCHEMA_FILE, Schema
@@ -166,9 +166,9 @@ def prepare(
 def publish(root: Path, out: Path, runner: Runner, make: Callable[[], Manifest]) -> Manifest:
     """``make()`` builds a dataset in ``root`` on every rank, and rank 0 renames it to ``out`` once
     every rank's part is in: the old dataset stays complete until the new one is in
-    (:func:`..files.replace_dir`).  On any failure the workers are stopped first (nothing keeps
+    (:func:`...files.atomic.replace_dir`).  On any failure the workers are stopped first (nothing keeps
     writing into it) and ``root`` is removed."""
-    from ..files import replace_dir
+    from ...files.atomic import replace_dir
 
     try:
         manifest = make()

@@ -1,4 +1,7 @@
-"""Frequency-aware embedding cache: full tables in host memory, the hot rows on the device."""
+"""Frequency-aware embedding cache: full tables in host memory, the hot rows on the device.
+
+Imports what `embedding/` may (`config/`, `concurrency/`) and its siblings there.
+"""
 
 from .backend import FreqCacheBackend
 from .layout import plan_table, predict_hit_rate

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ...streams import Streams
+from ...concurrency.streams import Streams
 
 _live: weakref.WeakSet[Planner] = weakref.WeakSet()
 

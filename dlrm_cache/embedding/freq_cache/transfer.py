@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...streams import streams_for
+from ...concurrency.streams import streams_for
 from .store import HostStore
 from .writeback import WriteBacks
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...streams import Streams
+from ...concurrency.streams import Streams
 from .planner import Planner
 from .store import HostStore
 
