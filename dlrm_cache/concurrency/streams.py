@@ -12,7 +12,7 @@ such operation goes through a :class:`Streams` object, never through ``torch.cud
   allocated on without ``record_stream``, device work touching host memory.
 
 :func:`streams_for` returns one object per device, so the pipeline and the cache share their
-streams.  Stream roles (see README, "Stream protocol"):
+streams.  Stream roles (see docs/freq-cache.md, "Stream protocol"):
 
 * ``compute``: the training thread's current stream (forward, backward, optimizer);
 * ``input``: host-to-device copies of batches (waits for nothing);

@@ -197,5 +197,5 @@ class PreprocessConfig:
     # seeds T as MLPerf's np.random.seed (0 in MLPerf)
     multi_hot_seed: int = checked(0, ge=0, le=MAX_SEED)
     # the raw data's layout: a config group (schema=criteo, the default; your own file through
-    # hydra.searchpath), see README "Your own dataset"
+    # hydra.searchpath), see docs/data.md, "Your own dataset"
     schema: SchemaConfig = field(default_factory=SchemaConfig)

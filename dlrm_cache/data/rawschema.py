@@ -1,4 +1,4 @@
-"""``schema.yaml`` beside raw files: their layout, written as a ``schema=`` file is (README "Your own
+"""``schema.yaml`` beside raw files: their layout, written as a ``schema=`` file is (docs/data.md "Your own
 dataset"), so that `preprocess` of that directory needs no ``schema=``.
 
 `synth` writes one when its output has multi-hot columns (``multi_hot_sizes``: Criteo's layout

@@ -21,7 +21,7 @@ from .splits import SplitPlan
 
 LIST_HINT = (
     "ids joined by '|' are a multi-hot list: declare the column multi_hot in a schema (schema=, "
-    "README 'Your own dataset'; synth writes its own as schema.yaml beside its output)"
+    "docs/data.md, 'Your own dataset'; synth writes its own as schema.yaml beside its output)"
 )
 
 
