@@ -7,8 +7,10 @@ here and the rest (overrides, -m, --cfg job, --help, ...) goes to that command's
 from __future__ import annotations
 
 import codecs
+import difflib
 import functools
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -306,7 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     command = argv.pop(0)
     if command not in COMMANDS:
-        print(f"dlrm-cache: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"dlrm-cache: unknown command {command!r}{hint}\n\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
     config_name, fn, summary = COMMANDS[command]
     if (problem := undecodable_argument(argv)) is not None:
@@ -338,7 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app()
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
+        line = config_error(e)
+        print(
+            f"dlrm-cache {command}: error: {line}{_suggestion(config_name, argv, line)}",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
     except (OSError, ValueError) as e:
         # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log (logging's
@@ -358,6 +366,35 @@ def main(argv: list[str] | None = None) -> None:
             del os.environ["HYDRA_FULL_ERROR"]
         else:
             os.environ["HYDRA_FULL_ERROR"] = full_error
+
+
+_UNKNOWN_KEY = re.compile(r"Could not override '([^']+)': Key '[^']+' not in ")
+
+
+def _suggestion(config_name: str, argv: list[str], line: str) -> str:
+    """For an unknown key (``model.embeding_dim=8``), the command's key or group spelled most like
+    it (`` (did you mean model.embedding_dim?)``); "" if none is close or the line is another's."""
+    if (m := _UNKNOWN_KEY.match(line)) is None:
+        return ""
+    bad = m.group(1)
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .confighelp import keys
+    from .shellhelp import compose, groups, overrides_of
+
+    others = [o for o in overrides_of(argv) if o.split("=", 1)[0].lstrip("+~") != bad]
+    for overrides in (others, []):  # the group options chosen, if the other overrides compose
+        GlobalHydra.instance().clear()
+        try:
+            cfg = compose(CONFIGS, config_name, overrides)
+            break
+        except Exception:  # noqa: BLE001 - a hint only: without one the line stands as it is
+            continue
+    else:
+        return ""
+    names = [k.key for k in keys(cfg)] + list(groups(CONFIGS, cfg))
+    close = difflib.get_close_matches(bad, names, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _completion(argv: list[str]) -> str:

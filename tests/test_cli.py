@@ -29,7 +29,7 @@ def test_help_and_unknown_command(tmp_path):
     res = cli("--help", cwd=tmp_path)
     assert res.returncode == 0 and "preprocess" in res.stdout and "freq_cache" in res.stdout
     res = cli("trian", cwd=tmp_path)
-    assert res.returncode == 2 and "unknown command 'trian'" in res.stderr
+    assert res.returncode == 2 and "unknown command 'trian' (did you mean 'train'?)" in res.stderr
 
 
 def test_cfg_job_from_any_directory(tmp_path):
@@ -165,6 +165,19 @@ def test_wheel_ships_configs(tmp_path):
         (
             ["bench", "nosuchkey=1"],
             "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'",
+        ),
+        # a misspelt key: the key it most likely meant (before: only "not in 'TrainConfig'")
+        (
+            ["train", "max_step=3"],
+            "Key 'max_step' not in 'TrainConfig' (did you mean max_steps?)",
+        ),
+        (
+            ["train", "embedding=freq_cache", "embedding.cach_ratio=0.1"],
+            "not in 'FreqCacheEmbeddingConfig' (did you mean embedding.cache_ratio?)",
+        ),
+        (
+            ["train", "embeding=hbm"],
+            "Key 'embeding' not in 'TrainConfig' (did you mean embedding?)",
         ),
         (
             ["train", "-m", "embedding=freq_cache", "embedding.policy=lru,often"],
