@@ -383,6 +383,10 @@ def _checked(output: str | None, default: Path) -> Path:
     checkpoint or dataset directory, nor one inside them."""
     where = Path(output) if output else default
     check_output(where, "output" if output else "runs", makes=RUN, inside=(RUN,))
+    if where.exists() and not where.is_dir():  # before: "[Errno 17] File exists: 'x'", no key
+        raise ValueError(
+            f"output={output}: is a file; report writes report.png and report.md into a directory"
+        )
     return where
 
 

@@ -405,6 +405,19 @@ def test_bad_input_is_one_line(case, sweep, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_that_is_a_file_is_one_line_and_left_alone(sweep, tmp_path, capsys):
+    """Before: ``[Errno 17] File exists: '...'``, naming no key."""
+    taken = tmp_path / "preds.csv"
+    taken.write_text("kept\n")
+    code, out, err = report_cli(capsys, str(sweep[0] / "1"), f"output={taken}")
+    assert code == 1
+    assert err.strip() == (
+        f"dlrm-cache report: error: output={taken}: is a file; report writes report.png and "
+        "report.md into a directory"
+    )
+    assert taken.read_text() == "kept\n"
+
+
 def test_plan_figure_draws_the_plan(processed_synth, tmp_path):
     ratios = [0.01, 0.05, 0.2]
     cfg = OmegaConf.structured(
