@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -291,6 +292,40 @@ def test_plan_and_bench_write_only_their_outputs(processed_synth, tmp_path):
     (figure,) = tmp_path.rglob("*.*")
     assert figure.relative_to(tmp_path).parts[:2] == ("outputs", "plan")
     assert figure.name == "plan.png" and f"figure {figure.relative_to(tmp_path)}" in res.stdout
+
+
+def test_plan_and_bench_outputs_follow_the_outputs_rule(processed_synth, tmp_path):
+    """plan output= the dataset's manifest.json replaced it with the plan (the dataset it read was
+    gone), bench output= a run's summary.json replaced that, and a figure= directory failed after
+    the work with "[Errno 21] Is a directory": each is now one line naming the key, before any
+    work, and the file named is left as it was."""
+    data = tmp_path / "data"
+    shutil.copytree(processed_synth, data)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    (run / "summary.json").write_text("{}")
+    (tmp_path / "adir").mkdir()
+    manifest = (data / "manifest.json").read_bytes()
+    plan = ["plan", f"data.path={data}", "ratios=[0.05]"]
+    bench = ["bench", "kind=embedding", "iters=1", "rows_per_table=64", "device=cpu"]
+    for args, message in (
+        ([*plan, f"output={data / 'manifest.json'}", "figure=null"], "lies inside the dataset"),
+        ([*plan, f"figure={data / 'stats' / 'plan.png'}"], "lies inside the dataset"),
+        ([*plan, f"output={data}", "figure=null"], "is the dataset"),
+        ([*plan, "figure=adir"], "figure=adir: is a directory; name a file"),
+        ([*bench, f"output={run / 'summary.json'}", "figure=null"], "lies inside the run"),
+        ([*bench, "figure=adir"], "figure=adir: is a directory; name a file"),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1 and message in lines[0], (args, res.stderr)
+        assert lines[0].startswith(f"dlrm-cache {args[0]}: error: "), lines
+        assert res.stdout == "", (args, res.stdout)  # refused before the work
+    assert (data / "manifest.json").read_bytes() == manifest
+    assert not (data / "stats" / "plan.png").exists()
+    assert (run / "summary.json").read_text() == "{}"
+    assert list((tmp_path / "adir").iterdir()) == []
 
 
 def test_a_bool_key_takes_only_true_or_false(tmp_path):
