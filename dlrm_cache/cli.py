@@ -247,17 +247,30 @@ def _refused_run_dir(e: BaseException) -> bool:
 
 
 def split_run_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``dlrm-cache report RUN [RUN ...] [overrides]``: (the leading run directories, the rest).
+    """``dlrm-cache report RUN [RUN ...] [overrides]``: (the run directories, the rest).
 
     Hydra takes only overrides, and a path is not one (nor safe to quote into one), so the paths a
-    user types (as `train` prints them) are taken off here; ``runs=[a,b]`` works as well.
+    user types (as `train` prints them) are taken off here, before or after the overrides (a path
+    after one was parsed as a broken override); ``runs=[a,b]`` works as well.  A word after a flag
+    that takes a value (``--cfg job``) is that value.
     """
-    n = 0
-    while n < len(argv) and (
-        os.path.isdir(argv[n]) or ("=" not in argv[n] and not argv[n].startswith("-"))
-    ):
-        n += 1
-    return argv[:n], argv[n:]
+    paths: list[str] = []
+    rest: list[str] = []
+    for n, a in enumerate(argv):
+        if n > 0 and argv[n - 1] in _VALUE_FLAGS:
+            rest.append(a)
+        elif os.path.isdir(a) or ("=" not in a and not a.startswith("-")):
+            paths.append(a)
+        else:
+            rest.append(a)
+    return paths, rest
+
+
+# Hydra's flags that take the next word as their value
+_VALUE_FLAGS = frozenset(
+    ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+     "--config-dir", "-cd", "--info", "-i", "--experimental-rerun")
+)  # fmt: skip
 
 
 def usage() -> str:

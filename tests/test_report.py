@@ -337,6 +337,28 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     ).read_text()
 
 
+def test_run_dirs_after_an_override_and_a_sweep_among_runs(sweep, host_run, tmp_path, capsys):
+    """`report output=X RUN` failed with Hydra's "Error parsing override 'RUN'" (a path after an
+    override was taken as one), and `report RUN SWEEP` said of the sweep directory that it is
+    "nor a sweep directory"."""
+    out_dir = tmp_path / "after"
+    code, _, err = report_cli(capsys, f"output={out_dir}", str(host_run))
+    assert code == 0, err
+    assert_png(out_dir / "report.png")
+    assert split_run_dirs(["output=x", "a", "--cfg", "job", "b"]) == (
+        ["a", "b"],
+        ["output=x", "--cfg", "job"],
+    )
+    code, _, err = report_cli(capsys, str(host_run), str(sweep[0]), f"output={tmp_path / 'mix'}")
+    assert code == 1
+    assert err.strip() == (
+        f"dlrm-cache report: error: {sweep[0]}: a sweep directory is reported alone "
+        f"(dlrm-cache report {sweep[0]}); to compare some of its jobs with other runs, name the "
+        "jobs' directories"
+    )
+    assert not (tmp_path / "mix").exists()
+
+
 def test_report_reads_the_null_auc_of_an_empty_validation_split(dataset_writer, tmp_path, capsys):
     """train writes a non-finite metric (the AUC of no samples) as null; report reads its runs."""
     data, run = tmp_path / "ds", tmp_path / "run"
