@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import difflib
 import functools
+import math
 import os
 import re
 import shlex
@@ -341,6 +342,9 @@ def main(argv: list[str] | None = None) -> None:
     if command == "verify":
         paths, argv = split_run_dirs(argv)
         fn = functools.partial(_verify, paths=tuple(paths))
+    if (problem := _sweep_output_clash(command, config_name, argv)) is not None:
+        print(f"dlrm-cache {command}: error: {problem}", file=sys.stderr)
+        raise SystemExit(1)
     app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(
         _friendly(command, fn)
     )
@@ -379,6 +383,51 @@ def main(argv: list[str] | None = None) -> None:
             del os.environ["HYDRA_FULL_ERROR"]
         else:
             os.environ["HYDRA_FULL_ERROR"] = full_error
+
+
+def _sweep_output_clash(command: str, config_name: str, argv: list[str]) -> str | None:
+    """Why the jobs of a ``-m`` sweep would write one output file or directory (`synth -m
+    seed=1,2 output=raw`: the second job replaced the first's, exit 0), or None.  `train`'s jobs
+    each get their own run directory; an output not swept, without an interpolation (which may
+    differ per job), and not null is the same for every job."""
+    if command == "train" or not ({"-m", "--multirun"} & set(argv)):
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .shellhelp import compose, overrides_of
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides_of(argv))
+    except Exception:  # noqa: BLE001 - Hydra reports a bad override in its own line
+        return None
+    if not any(o.is_sweep_override() for o in parsed):
+        return None  # one job
+    values = {
+        o.key_or_group: list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()
+    }
+    jobs = math.prod(len(v) for v in values.values())
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    try:
+        cfg = compose(CONFIGS, config_name, fixed)
+    except Exception:  # noqa: BLE001 - as above
+        return None
+    for key in ("output", "figure"):
+        node = cfg._get_node(key) if key in cfg else None
+        if key in values:
+            given = values[key]
+            if len(set(given)) >= jobs or any("${" in v for v in given):
+                continue
+            raw = ",".join(given)
+        elif node is None or node._is_none() or node._is_missing() or "${" in str(node._value()):
+            continue
+        else:
+            raw = str(node._value())
+        return (
+            f"{key}={raw}: the {jobs} jobs of this -m sweep would write fewer outputs than "
+            f"jobs (the last job's kept); give every job its own ({key}=a,b,... with nothing "
+            f"else swept, or a path with ${{hydra:job.num}} in it)"
+        )
+    return None
 
 
 _UNKNOWN_KEY = re.compile(r"Could not override '([^']+)': Key '[^']+' not in ")

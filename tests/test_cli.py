@@ -328,6 +328,28 @@ def test_plan_and_bench_outputs_follow_the_outputs_rule(processed_synth, tmp_pat
     assert list((tmp_path / "adir").iterdir()) == []
 
 
+def test_a_sweep_whose_jobs_share_an_output_is_refused_before_any_job(tmp_path):
+    """`synth -m seed=1,2 output=raw` ran both jobs into one directory, the second replacing the
+    first's files, exit 0 (plan's output= and figure= likewise): one line naming the key, before
+    any job (nothing written); a sweep that gives every job its own output runs."""
+    synth = ["synth", "-m", "lines=200", "cardinality_scale=0.001", "progress=false"]
+    for args, key in (
+        ([*synth, "seed=1,2", "output=raw"], "output=raw: the 2 jobs"),
+        ([*synth, "seed=1,2", "output=a,b"], "output=a,b: the 4 jobs"),
+        (["plan", "-m", "embedding.lookahead=1,2", "output=p.json", "figure=null"], "output=p."),
+        (["plan", "-m", "embedding.lookahead=1,2", "figure=p.png"], "figure=p.png: the 2 jobs"),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith(f"dlrm-cache {args[0]}: error: {key}"), lines
+        assert "would write fewer outputs than jobs" in lines[0]
+        assert list(tmp_path.iterdir()) == [], args
+    res = cli(*synth, "output=a,b", cwd=tmp_path, plain_errors=True)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "a" / "day_0").is_file() and (tmp_path / "b" / "day_0").is_file()
+
+
 def test_a_bool_key_takes_only_true_or_false(tmp_path):
     """``progress=yes`` was taken as true (OmegaConf reads yes/no/on/off/1/0 as bools), so a
     bool key passed values a typo would not: it is one line naming the key, before a run starts."""
