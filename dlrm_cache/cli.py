@@ -406,7 +406,7 @@ def _sweep_output_clash(command: str, config_name: str, argv: list[str]) -> str 
         o.key_or_group: list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()
     }
     jobs = math.prod(len(v) for v in values.values())
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
     try:
         cfg = compose(CONFIGS, config_name, fixed)
     except Exception:  # noqa: BLE001 - as above
