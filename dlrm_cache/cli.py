@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         _answer(
             f"dlrm-cache {command}",
             lambda: command_help(CONFIGS, command, config_name, summary, args),
+            lambda line: _suggestion(config_name, args, line),
         )
         return
     if command == "report":
@@ -464,12 +465,16 @@ def _completion(argv: list[str]) -> str:
     return shell_completion(CONFIGS, {c: name for c, (name, _, _) in COMMANDS.items()}, argv)
 
 
-def _answer(who: str, text: Callable[[], str]) -> None:
-    """Print ``text()``: help or completion; a bad override is one line and exit status 1."""
+def _answer(
+    who: str, text: Callable[[], str], hint: Callable[[str], str] = lambda line: ""
+) -> None:
+    """Print ``text()``: help or completion; a bad override is one line (with ``hint(line)``, a
+    misspelt key's likely meaning) and exit status 1."""
     try:
         print(text())  # `| head`: the reader has what it wanted (console.ReaderMayLeave)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
-        print(f"{who}: error: {config_error(e)}", file=sys.stderr)
+        line = config_error(e)
+        print(f"{who}: error: {line}{hint(line)}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

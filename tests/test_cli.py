@@ -181,6 +181,10 @@ def test_wheel_ships_configs(tmp_path):
             "Key 'embeding' not in 'TrainConfig' (did you mean embedding?)",
         ),
         (
+            ["train", "max_step=3", "--help"],
+            "Key 'max_step' not in 'TrainConfig' (did you mean max_steps?)",
+        ),
+        (
             ["train", "-m", "embedding=freq_cache", "embedding.policy=lru,often"],
             "Invalid value 'often', expected one of",
         ),
