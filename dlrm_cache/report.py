@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from .data.files import atomic_write_text
 from .embedding.rates import rate_weight_key
-from .outputs import RUN, check_output
+from .outputs import RUN, check_output, check_writable
 from .panels import Line, Panel
 from .readable import best_line, format_value, summary_order
 from .rundir import METRICS, REPORT_MD, REPORT_PNG, SUMMARY
@@ -383,6 +383,7 @@ def _checked(output: str | None, default: Path) -> Path:
     checkpoint or dataset directory, nor one inside them."""
     where = Path(output) if output else default
     check_output(where, "output" if output else "runs", makes=RUN, inside=(RUN,))
+    check_writable(where, "output" if output else "runs")
     if where.exists() and not where.is_dir():  # before: "[Errno 17] File exists: 'x'", no key
         raise ValueError(
             f"output={output}: is a file; report writes report.png and report.md into a directory"

@@ -354,6 +354,28 @@ def test_a_sweep_whose_jobs_share_an_output_is_refused_before_any_job(tmp_path):
     assert (tmp_path / "a" / "day_0").is_file() and (tmp_path / "b" / "day_0").is_file()
 
 
+def test_an_output_where_nothing_can_be_written_is_one_line_before_the_work(
+    processed_synth, read_only_dir, tmp_path
+):
+    """synth, plan and bench failed with a bare "[Errno 30] Read-only file system: '.x.tmp'"
+    naming no key (plan and bench after all their work); now one line naming the key, first."""
+    ro = read_only_dir
+    plan = ["plan", f"data.path={processed_synth}", "ratios=[0.05]"]
+    bench = ["bench", "kind=embedding", "iters=1", "rows_per_table=64", "device=cpu"]
+    for args, key in (
+        (["synth", "lines=100", f"output={ro / 'raw'}", "progress=false"], f"output={ro / 'raw'}"),
+        ([*plan, f"output={ro / 'p.json'}", "figure=null"], f"output={ro / 'p.json'}"),
+        ([*plan, f"figure={ro / 'sub' / 'p.png'}"], f"figure={ro / 'sub' / 'p.png'}"),
+        ([*bench, f"output={ro / 'b.json'}", "figure=null"], f"output={ro / 'b.json'}"),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith(f"dlrm-cache {args[0]}: error: {key}: cannot create files in")
+        assert res.stdout == "", (args, res.stdout)
+    assert list(ro.iterdir()) == []
+
+
 def test_a_bool_key_takes_only_true_or_false(tmp_path):
     """``progress=yes`` was taken as true (OmegaConf reads yes/no/on/off/1/0 as bools), so a
     bool key passed values a typo would not: it is one line naming the key, before a run starts."""

@@ -440,6 +440,16 @@ def test_an_output_that_is_a_file_is_one_line_and_left_alone(sweep, tmp_path, ca
     assert taken.read_text() == "kept\n"
 
 
+def test_an_output_where_nothing_can_be_written_is_one_line(host_run, read_only_dir, capsys):
+    """Before: "[Errno 30] Read-only file system: '...'", naming no key."""
+    rep = read_only_dir / "rep"
+    code, _, err = report_cli(capsys, str(host_run), f"output={rep}")
+    assert code == 1
+    assert err.strip().startswith(
+        f"dlrm-cache report: error: output={rep}: cannot create files in {read_only_dir}"
+    ), err
+
+
 def test_plan_figure_draws_the_plan(processed_synth, tmp_path):
     ratios = [0.01, 0.05, 0.2]
     cfg = OmegaConf.structured(
