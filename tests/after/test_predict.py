@@ -107,6 +107,25 @@ def test_unlabelled_lines_like_kaggle_test_txt(
     )
 
 
+def test_a_sweep_directory_as_checkpoint_names_its_runs(
+    capsys, host_run, processed_synth, tmp_path
+):
+    """checkpoint=<a -m sweep directory> said "no checkpoint there ... nor a run directory": the
+    line now says it is a sweep and names a run to give."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "0").symlink_to(host_run.path, target_is_directory=True)
+    out = tmp_path / "p.csv"
+    code, _, err = run_predict(
+        capsys, f"checkpoint={sweep}", f"input={processed_synth}", f"output={out}"
+    )
+    assert code == 1 and not out.exists()
+    assert err.strip() == (
+        f"dlrm-cache predict: error: checkpoint={sweep}: a sweep directory (runs 0); name one of "
+        f"its runs, e.g. checkpoint={sweep / '0'}"
+    )
+
+
 def test_lines_of_one_class_have_no_auc(capsys, raw_test_lines, host_run, tmp_path):
     """AUC needs both classes: lines of clicks only were reported "auc 0" after torchmetrics' "No
     negative samples in targets" warning; now n/a (null in the summary), and no warning."""
