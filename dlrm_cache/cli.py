@@ -7,8 +7,11 @@ here and the rest (overrides, -m, --cfg job, --help, ...) goes to that command's
 from __future__ import annotations
 
 import codecs
+import difflib
 import functools
+import math
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -149,17 +152,30 @@ def _refused_run_dir(e: BaseException) -> bool:
 
 
 def split_run_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``dlrm-cache report RUN [RUN ...] [overrides]``: (the leading run directories, the rest).
+    """``dlrm-cache report RUN [RUN ...] [overrides]``: (the run directories, the rest).
 
     Hydra takes only overrides, and a path is not one (nor safe to quote into one), so the paths a
-    user types (as `train` prints them) are taken off here; ``runs=[a,b]`` works as well.
+    user types (as `train` prints them) are taken off here, before or after the overrides (a path
+    after one was parsed as a broken override); ``runs=[a,b]`` works as well.  A word after a flag
+    that takes a value (``--cfg job``) is that value.
     """
-    n = 0
-    while n < len(argv) and (
-        os.path.isdir(argv[n]) or ("=" not in argv[n] and not argv[n].startswith("-"))
-    ):
-        n += 1
-    return argv[:n], argv[n:]
+    paths: list[str] = []
+    rest: list[str] = []
+    for n, a in enumerate(argv):
+        if n > 0 and argv[n - 1] in _VALUE_FLAGS:
+            rest.append(a)
+        elif os.path.isdir(a) or ("=" not in a and not a.startswith("-")):
+            paths.append(a)
+        else:
+            rest.append(a)
+    return paths, rest
+
+
+# Hydra's flags that take the next word as their value
+_VALUE_FLAGS = frozenset(
+    ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+     "--config-dir", "-cd", "--info", "-i", "--experimental-rerun")
+)  # fmt: skip
 
 
 def usage() -> str:
@@ -210,7 +226,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     command = argv.pop(0)
     if command not in COMMANDS:
-        print(f"dlrm-cache: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"dlrm-cache: unknown command {command!r}{hint}\n\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
     config_name, fn, summary = COMMANDS[command]
     if (problem := undecodable_argument(argv)) is not None:
@@ -220,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         _answer(
             f"dlrm-cache {command}",
             lambda: command_help(CONFIGS, command, config_name, summary, args),
+            lambda line: _suggestion(config_name, args, line),
         )
         return
     if command == "report":
@@ -228,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     if command == "verify":
         paths, argv = split_run_dirs(argv)
         fn = functools.partial(verify.run, paths=tuple(paths))
+    if (problem := _sweep_output_clash(command, config_name, argv)) is not None:
+        print(f"dlrm-cache {command}: error: {problem}", file=sys.stderr)
+        raise SystemExit(1)
     app = hydra.main(config_path=CONFIGS, config_name=config_name, version_base="1.3")(
         _friendly(command, fn)
     )
@@ -242,7 +264,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app()
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"dlrm-cache {command}: error: {config_error(e)}", file=sys.stderr)
+        line = config_error(e)
+        print(
+            f"dlrm-cache {command}: error: {line}{_suggestion(config_name, argv, line)}",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
     except (OSError, ValueError) as e:
         # Hydra's own files: the output directory (hydra.run.dir), .hydra/, the log (logging's
@@ -264,17 +290,95 @@ def main(argv: list[str] | None = None) -> None:
             os.environ["HYDRA_FULL_ERROR"] = full_error
 
 
+def _sweep_output_clash(command: str, config_name: str, argv: list[str]) -> str | None:
+    """Why the jobs of a ``-m`` sweep would write one output file or directory (`synth -m
+    seed=1,2 output=raw`: the second job replaced the first's, exit 0), or None.  `train`'s jobs
+    each get their own run directory; an output not swept, without an interpolation (which may
+    differ per job), and not null is the same for every job."""
+    if command == "train" or not ({"-m", "--multirun"} & set(argv)):
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .commands.help import compose, overrides_of
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides_of(argv))
+    except Exception:  # noqa: BLE001 - Hydra reports a bad override in its own line
+        return None
+    if not any(o.is_sweep_override() for o in parsed):
+        return None  # one job
+    values = {
+        o.key_or_group: list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()
+    }
+    jobs = math.prod(len(v) for v in values.values())
+    fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+    try:
+        cfg = compose(CONFIGS, config_name, fixed)
+    except Exception:  # noqa: BLE001 - as above
+        return None
+    for key in ("output", "figure"):
+        node = cfg._get_node(key) if key in cfg else None
+        if key in values:
+            given = values[key]
+            if len(set(given)) >= jobs or any("${" in v for v in given):
+                continue
+            raw = ",".join(given)
+        elif node is None or node._is_none() or node._is_missing() or "${" in str(node._value()):
+            continue
+        else:
+            raw = str(node._value())
+        return (
+            f"{key}={raw}: the {jobs} jobs of this -m sweep would write fewer outputs than "
+            f"jobs (the last job's kept); give every job its own ({key}=a,b,... with nothing "
+            f"else swept, or a path with ${{hydra:job.num}} in it)"
+        )
+    return None
+
+
+_UNKNOWN_KEY = re.compile(r"Could not override '([^']+)': Key '[^']+' not in ")
+
+
+def _suggestion(config_name: str, argv: list[str], line: str) -> str:
+    """For an unknown key (``model.embeding_dim=8``), the command's key or group spelled most like
+    it (`` (did you mean model.embedding_dim?)``); "" if none is close or the line is another's."""
+    if (m := _UNKNOWN_KEY.match(line)) is None:
+        return ""
+    bad = m.group(1)
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .commands.help import compose, groups, overrides_of
+    from .config.help import keys
+
+    others = [o for o in overrides_of(argv) if o.split("=", 1)[0].lstrip("+~") != bad]
+    for overrides in (others, []):  # the group options chosen, if the other overrides compose
+        GlobalHydra.instance().clear()
+        try:
+            cfg = compose(CONFIGS, config_name, overrides)
+            break
+        except Exception:  # noqa: BLE001 - a hint only: without one the line stands as it is
+            continue
+    else:
+        return ""
+    names = [k.key for k in keys(cfg)] + list(groups(CONFIGS, cfg))
+    close = difflib.get_close_matches(bad, names, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _completion(argv: list[str]) -> str:
     argv = ["-sc" if a == "--shell-completion" else a for a in argv]
     return shell_completion(CONFIGS, {c: name for c, (name, _, _) in COMMANDS.items()}, argv)
 
 
-def _answer(who: str, text: Callable[[], str]) -> None:
-    """Print ``text()``: help or completion; a bad override is one line and exit status 1."""
+def _answer(
+    who: str, text: Callable[[], str], hint: Callable[[str], str] = lambda line: ""
+) -> None:
+    """Print ``text()``: help or completion; a bad override is one line (with ``hint(line)``, a
+    misspelt key's likely meaning) and exit status 1."""
     try:
         print(text())  # `| head`: the reader has what it wanted (console.ReaderMayLeave)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
-        print(f"{who}: error: {config_error(e)}", file=sys.stderr)
+        line = config_error(e)
+        print(f"{who}: error: {line}{hint(line)}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -3,6 +3,8 @@ with a planted signal so that a trained model must beat chance."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +136,27 @@ def multi_hot_dataset(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("multihot") / "ds"
     write_multi_hot(root, {"train": 3000, "val": 1000, "test": 500})
     return root
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory that takes no new files: mode 0o555, or (root ignores modes) a read-only bind
+    mount of it; skipped where neither holds."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    mounted = False
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+    else:
+        ok = subprocess.run(["mount", "--bind", str(d), str(d)], capture_output=True).returncode
+        mounted = ok == 0
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(d)], capture_output=True)
+    try:
+        if os.access(d, os.W_OK):
+            pytest.skip("no read-only directory can be made here")
+        yield d
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(d)], capture_output=True)
+        d.chmod(0o755)

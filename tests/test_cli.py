@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -29,7 +30,7 @@ def test_help_and_unknown_command(tmp_path):
     res = cli("--help", cwd=tmp_path)
     assert res.returncode == 0 and "preprocess" in res.stdout and "freq_cache" in res.stdout
     res = cli("trian", cwd=tmp_path)
-    assert res.returncode == 2 and "unknown command 'trian'" in res.stderr
+    assert res.returncode == 2 and "unknown command 'trian' (did you mean 'train'?)" in res.stderr
 
 
 def test_cfg_job_from_any_directory(tmp_path):
@@ -166,6 +167,23 @@ def test_wheel_ships_configs(tmp_path):
             ["bench", "nosuchkey=1"],
             "Could not override 'nosuchkey': Key 'nosuchkey' not in 'BenchConfig'",
         ),
+        # a misspelt key: the key it most likely meant (before: only "not in 'TrainConfig'")
+        (
+            ["train", "max_step=3"],
+            "Key 'max_step' not in 'TrainConfig' (did you mean max_steps?)",
+        ),
+        (
+            ["train", "embedding=freq_cache", "embedding.cach_ratio=0.1"],
+            "not in 'FreqCacheEmbeddingConfig' (did you mean embedding.cache_ratio?)",
+        ),
+        (
+            ["train", "embeding=hbm"],
+            "Key 'embeding' not in 'TrainConfig' (did you mean embedding?)",
+        ),
+        (
+            ["train", "max_step=3", "--help"],
+            "Key 'max_step' not in 'TrainConfig' (did you mean max_steps?)",
+        ),
         (
             ["train", "-m", "embedding=freq_cache", "embedding.policy=lru,often"],
             "Invalid value 'often', expected one of",
@@ -278,6 +296,84 @@ def test_plan_and_bench_write_only_their_outputs(processed_synth, tmp_path):
     (figure,) = tmp_path.rglob("*.*")
     assert figure.relative_to(tmp_path).parts[:2] == ("outputs", "plan")
     assert figure.name == "plan.png" and f"figure {figure.relative_to(tmp_path)}" in res.stdout
+
+
+def test_plan_and_bench_outputs_follow_the_outputs_rule(processed_synth, tmp_path):
+    """plan output= the dataset's manifest.json replaced it with the plan (the dataset it read was
+    gone), bench output= a run's summary.json replaced that, and a figure= directory failed after
+    the work with "[Errno 21] Is a directory": each is now one line naming the key, before any
+    work, and the file named is left as it was."""
+    data = tmp_path / "data"
+    shutil.copytree(processed_synth, data)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    (run / "summary.json").write_text("{}")
+    (tmp_path / "adir").mkdir()
+    manifest = (data / "manifest.json").read_bytes()
+    plan = ["plan", f"data.path={data}", "ratios=[0.05]"]
+    bench = ["bench", "kind=embedding", "iters=1", "rows_per_table=64", "device=cpu"]
+    for args, message in (
+        ([*plan, f"output={data / 'manifest.json'}", "figure=null"], "lies inside the dataset"),
+        ([*plan, f"figure={data / 'stats' / 'plan.png'}"], "lies inside the dataset"),
+        ([*plan, f"output={data}", "figure=null"], "is the dataset"),
+        ([*plan, "figure=adir"], "figure=adir: is a directory; name a file"),
+        ([*bench, f"output={run / 'summary.json'}", "figure=null"], "lies inside the run"),
+        ([*bench, "figure=adir"], "figure=adir: is a directory; name a file"),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1 and message in lines[0], (args, res.stderr)
+        assert lines[0].startswith(f"dlrm-cache {args[0]}: error: "), lines
+        assert res.stdout == "", (args, res.stdout)  # refused before the work
+    assert (data / "manifest.json").read_bytes() == manifest
+    assert not (data / "stats" / "plan.png").exists()
+    assert (run / "summary.json").read_text() == "{}"
+    assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_a_sweep_whose_jobs_share_an_output_is_refused_before_any_job(tmp_path):
+    """`synth -m seed=1,2 output=raw` ran both jobs into one directory, the second replacing the
+    first's files, exit 0 (plan's output= and figure= likewise): one line naming the key, before
+    any job (nothing written); a sweep that gives every job its own output runs."""
+    synth = ["synth", "-m", "lines=200", "cardinality_scale=0.001", "progress=false"]
+    for args, key in (
+        ([*synth, "seed=1,2", "output=raw"], "output=raw: the 2 jobs"),
+        ([*synth, "seed=1,2", "output=a,b"], "output=a,b: the 4 jobs"),
+        (["plan", "-m", "embedding.lookahead=1,2", "output=p.json", "figure=null"], "output=p."),
+        (["plan", "-m", "embedding.lookahead=1,2", "figure=p.png"], "figure=p.png: the 2 jobs"),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith(f"dlrm-cache {args[0]}: error: {key}"), lines
+        assert "would write fewer outputs than jobs" in lines[0]
+        assert list(tmp_path.iterdir()) == [], args
+    res = cli(*synth, "output=a,b", cwd=tmp_path, plain_errors=True)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "a" / "day_0").is_file() and (tmp_path / "b" / "day_0").is_file()
+
+
+def test_an_output_where_nothing_can_be_written_is_one_line_before_the_work(
+    processed_synth, read_only_dir, tmp_path
+):
+    """synth, plan and bench failed with a bare "[Errno 30] Read-only file system: '.x.tmp'"
+    naming no key (plan and bench after all their work); now one line naming the key, first."""
+    ro = read_only_dir
+    plan = ["plan", f"data.path={processed_synth}", "ratios=[0.05]"]
+    bench = ["bench", "kind=embedding", "iters=1", "rows_per_table=64", "device=cpu"]
+    for args, key in (
+        (["synth", "lines=100", f"output={ro / 'raw'}", "progress=false"], f"output={ro / 'raw'}"),
+        ([*plan, f"output={ro / 'p.json'}", "figure=null"], f"output={ro / 'p.json'}"),
+        ([*plan, f"figure={ro / 'sub' / 'p.png'}"], f"figure={ro / 'sub' / 'p.png'}"),
+        ([*bench, f"output={ro / 'b.json'}", "figure=null"], f"output={ro / 'b.json'}"),
+    ):
+        res = cli(*args, cwd=tmp_path, plain_errors=True)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith(f"dlrm-cache {args[0]}: error: {key}: cannot create files in")
+        assert res.stdout == "", (args, res.stdout)
+    assert list(ro.iterdir()) == []
 
 
 def test_a_bool_key_takes_only_true_or_false(tmp_path):

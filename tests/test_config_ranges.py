@@ -114,6 +114,12 @@ def test_every_shipped_config_is_in_range() -> None:
         ("plan", "ratios=[0.1,2]", "ratios=[0.1, 2.0]: element 2.0 must be > 0 and <= 1"),
         ("bench", "iters=0", "iters=0: must be >= 1"),
         ("bench", "cache_ratios=[0]", "cache_ratios=[0.0]: element 0.0 must be > 0 and <= 1"),
+        # before: torchrec's "OverArch must have multiple layers." (no key), and a TypeError
+        # traceback from the model's shape check for a nested list OmegaConf lets through list[int]
+        ("train", "model.top_mlp=[]", "model.top_mlp=[]: must not be empty"),
+        ("bench", "top_mlp=[]", "top_mlp=[]: must not be empty"),
+        ("train", "model.bottom_mlp=[[16]]", "model.bottom_mlp=[[16]]: element [16] is not a"),
+        ("plan", "ratios=[0.1,[0.2]]", "ratios=[0.1, [0.2]]: element [0.2] is not a single"),
     ],
 )
 def test_out_of_range_value_names_its_key(command: str, override: str, message: str) -> None:

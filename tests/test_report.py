@@ -331,6 +331,28 @@ def test_report_several_runs_positional_and_as_override(sweep, host_run, tmp_pat
     ).read_text()
 
 
+def test_run_dirs_after_an_override_and_a_sweep_among_runs(sweep, host_run, tmp_path, capsys):
+    """`report output=X RUN` failed with Hydra's "Error parsing override 'RUN'" (a path after an
+    override was taken as one), and `report RUN SWEEP` said of the sweep directory that it is
+    "nor a sweep directory"."""
+    out_dir = tmp_path / "after"
+    code, _, err = report_cli(capsys, f"output={out_dir}", str(host_run))
+    assert code == 0, err
+    assert_png(out_dir / "report.png")
+    assert split_run_dirs(["output=x", "a", "--cfg", "job", "b"]) == (
+        ["a", "b"],
+        ["output=x", "--cfg", "job"],
+    )
+    code, _, err = report_cli(capsys, str(host_run), str(sweep[0]), f"output={tmp_path / 'mix'}")
+    assert code == 1
+    assert err.strip() == (
+        f"dlrm-cache report: error: {sweep[0]}: a sweep directory is reported alone "
+        f"(dlrm-cache report {sweep[0]}); to compare some of its jobs with other runs, name the "
+        "jobs' directories"
+    )
+    assert not (tmp_path / "mix").exists()
+
+
 def test_report_reads_the_null_auc_of_an_empty_validation_split(dataset_writer, tmp_path, capsys):
     """train writes a non-finite metric (the AUC of no samples) as null; report reads its runs."""
     data, run = tmp_path / "ds", tmp_path / "run"
@@ -397,6 +419,29 @@ def test_bad_input_is_one_line(case, sweep, tmp_path, capsys):
         and message in lines[0]
     ), err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_is_a_file_is_one_line_and_left_alone(sweep, tmp_path, capsys):
+    """Before: ``[Errno 17] File exists: '...'``, naming no key."""
+    taken = tmp_path / "preds.csv"
+    taken.write_text("kept\n")
+    code, out, err = report_cli(capsys, str(sweep[0] / "1"), f"output={taken}")
+    assert code == 1
+    assert err.strip() == (
+        f"dlrm-cache report: error: output={taken}: is a file; report writes report.png and "
+        "report.md into a directory"
+    )
+    assert taken.read_text() == "kept\n"
+
+
+def test_an_output_where_nothing_can_be_written_is_one_line(host_run, read_only_dir, capsys):
+    """Before: "[Errno 30] Read-only file system: '...'", naming no key."""
+    rep = read_only_dir / "rep"
+    code, _, err = report_cli(capsys, str(host_run), f"output={rep}")
+    assert code == 1
+    assert err.strip().startswith(
+        f"dlrm-cache report: error: output={rep}: cannot create files in {read_only_dir}"
+    ), err
 
 
 def test_plan_figure_draws_the_plan(processed_synth, tmp_path):

@@ -133,6 +133,15 @@ def open_trained(
         chosen = choose_checkpoint(checkpoint, which, "checkpoint", "which")
         path = chosen.path
     except FileNotFoundError:
+        from ..rundir.records import is_run_dir
+
+        jobs = sorted(p.name for p in Path(checkpoint).glob("*") if is_run_dir(p))
+        if jobs:  # a -m sweep directory: which of its runs is for the user to say
+            raise FileNotFoundError(
+                f"checkpoint={checkpoint}: a sweep directory (runs {', '.join(jobs[:5])}"
+                f"{', ...' if len(jobs) > 5 else ''}); name one of its runs, e.g. "
+                f"checkpoint={Path(checkpoint) / jobs[0]}"
+            ) from None
         raise FileNotFoundError(
             f"checkpoint={checkpoint}: no checkpoint there (a directory with meta.json), "
             "nor a run directory with a complete one"

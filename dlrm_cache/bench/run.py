@@ -41,6 +41,7 @@ from omegaconf import DictConfig
 
 from ..embedding.base import DeviceUnavailable
 from ..files.atomic import atomic_write_text
+from ..files.outputs import check_files
 from ..parallel.dist import resolve_device
 from . import BenchFailed
 from .breakdown import format_breakdown
@@ -52,6 +53,8 @@ from .steps import run_one, variants
 
 
 def bench(cfg: DictConfig) -> list[dict[str, Any]]:
+    reads = [("dataset", cfg.data_path), ("input", cfg.preprocess_input)]
+    check_files(cfg, ("output", "figure"), reads)
     if cfg.kind == "preprocess":  # fresh processes, no device; no figure: tables, printed
         return _write_json(cfg, preprocess_bench(cfg))
     device = resolve_device(cfg.device)

@@ -150,11 +150,24 @@ def validate(cfg: Any, prefix: str = "") -> None:
         ):
             continue  # unset, or e.g. run_dir (resolved by Hydra's runtime): nothing to check
         value = cfg[f.name]
-        if (p := (rng or _ANY).problem(value)) is not None:
+        p = _nested(f, value) or (rng or _ANY).problem(value)
+        if p is not None:
             shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
             raise ConfigError(f"{prefix}{f.name}={shown}: {p}")
         if isinstance(value, DictConfig):
             validate(value, f"{prefix}{f.name}.")
+
+
+def _nested(f: dataclasses.Field, value: Any) -> str | None:
+    """Why a list of scalars (``list[int]``, ``list[str]``, ...) holds a list or mapping, or None:
+    OmegaConf lets ``[[16]]`` through a ``list[int]`` field."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+    if not (isinstance(value, ListConfig) and str(kind).startswith("list[")) or "Any" in str(kind):
+        return None
+    for v in value:
+        if isinstance(v, (ListConfig, DictConfig)):
+            return f"element {OmegaConf.to_container(v)!r} is not a single value"
+    return None
 
 
 def bool_overrides(cfg: DictConfig, overrides: list[str] | None = None) -> None:

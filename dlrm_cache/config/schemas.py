@@ -64,7 +64,8 @@ class ModelConfig:
     embedding_dim: int = checked(16, ge=1, multiple_of=DIM_MULTIPLE)
     # hidden layer widths of the MLP over the 13 dense features (its output is embedding_dim wide)
     bottom_mlp: list[int] = checked(factory=lambda: [512, 256, 64], ge=1)
-    top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1)  # a final 1-unit layer is added
+    # a final 1-unit layer is added
+    top_mlp: list[int] = checked(factory=lambda: [512, 256], ge=1, nonempty=True)
     interaction: Interaction = Interaction.dot  # dot: DLRM's pairwise dots; dcn: DCN-v2 cross net
     dcn_num_layers: int = checked(3, ge=1)  # interaction=dcn: cross layers
     dcn_low_rank_dim: int = checked(512, ge=1)  # interaction=dcn: rank of each layer's cross matrix
@@ -299,7 +300,7 @@ class BenchConfig:
         factory=lambda: [512, 256], ge=1
     )  # train kind: as model.bottom_mlp
     top_mlp: list[int] = checked(
-        factory=lambda: [1024, 1024, 512, 256], ge=1
+        factory=lambda: [1024, 1024, 512, 256], ge=1, nonempty=True
     )  # train kind: as model.top_mlp
     interaction: Interaction = ModelConfig.interaction  # train kind: as model.interaction
     dcn_num_layers: int = checked(ModelConfig.dcn_num_layers, ge=1)  # train kind: as model.*

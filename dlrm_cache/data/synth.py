@@ -157,7 +157,17 @@ def synth(cfg: SynthConfig | Any) -> Path:
     """
     from hydra.utils import to_absolute_path
 
+    from ..files.outputs import check_output, check_writable
+
     out = Path(to_absolute_path(str(cfg.output)))
+    # none of the tool's directories (a dataset's, a run's): synth's day_N and oracle.json in there
+    # are files its owner never made; and a file is no directory to write them into
+    check_output(str(cfg.output), "output")
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"output={cfg.output}: is a file; synth writes its day_N files into a directory"
+        )
+    check_writable(str(cfg.output), "output")
     settings = {k: v for k, v in config_dict(cfg).items() if k not in _NON_DATA_KEYS}
     if not settings.get("cross_scale"):  # no cross: the record of the generator before it
         settings.pop("cross_scale", None)

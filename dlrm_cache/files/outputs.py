@@ -1,7 +1,7 @@
 """Where a command may write its output, and that a stopped command leaves none of it behind.
 
 The rule, for every output a user names (`preprocess`'s, `predict`'s, `export`'s and `report`'s
-``output``, `train`'s run directory): the output, with every link followed,
+``output``, `plan`'s and `bench`'s ``output`` and ``figure``, `train`'s run directory): the output, with every link followed,
 
 * is none of the paths the command reads, and contains none of them (the output is replaced when
   complete: writing it would destroy its own input, and ``overwrite=true`` removes a run
@@ -105,6 +105,44 @@ def check_output(
             "makes it: choose an output outside it"
         )
     return out
+
+
+def check_writable(output: str | os.PathLike, key: str) -> None:
+    """:class:`UnsafeOutput` when ``output`` cannot be made where it is named: its nearest existing
+    directory (itself, or an ancestor the command would create it under) takes no new files (a
+    read-only file system, no permission); said before the work, naming the key, not as the
+    ``[Errno 30]`` of the first write after it."""
+    d = real(output)
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():  # an existing file: replaced by a rename in its directory
+        d = d.parent
+    if not os.access(d, os.W_OK | os.X_OK):
+        why = "a read-only file system" if _read_only(d) else "no permission to write"
+        raise UnsafeOutput(f"{key}={output}: cannot create files in {d} ({why})")
+
+
+def _read_only(d: Path) -> bool:
+    try:
+        return bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_files(cfg: Any, keys: Iterable[str], reads: Iterable[tuple[str, Any]] = ()) -> None:
+    """:func:`check_output` for each file output ``keys`` of ``cfg`` that is set (`plan`'s and
+    `bench`'s ``output`` and ``figure``), before the command does its work: none is a directory
+    nor lies in one of the tool's, and none is (or contains) what the command reads (``reads``:
+    (what, path or None))."""
+    given = [(what, p) for what, p in reads if p]
+    for key in keys:
+        value = cfg.get(key)
+        if not value:
+            continue
+        check_output(str(value), key, given)
+        if real(str(value)).is_dir():
+            raise UnsafeOutput(f"{key}={value}: is a directory; name a file")
+        check_writable(str(value), key)
 
 
 class Stopped(BaseException):

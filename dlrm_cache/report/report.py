@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from ..console.readable import best_line, format_value, summary_order
 from ..files.atomic import atomic_write_text
-from ..files.outputs import RUN, check_output
+from ..files.outputs import RUN, check_output, check_writable
 from ..rundir.records import METRICS, REPORT_MD, REPORT_PNG, SUMMARY
 from .runs import RunRecord, Sweep, compare, find_runs, flat_config, short_value
 from .series import run_panels, run_title, sweep_panels, sweep_title, worst_hit_tables
@@ -96,6 +96,11 @@ def _checked(output: str | None, default: Path) -> Path:
     checkpoint or dataset directory, nor one inside them."""
     where = Path(output) if output else default
     check_output(where, "output" if output else "runs", makes=RUN, inside=(RUN,))
+    check_writable(where, "output" if output else "runs")
+    if where.exists() and not where.is_dir():  # before: "[Errno 17] File exists: 'x'", no key
+        raise ValueError(
+            f"output={output}: is a file; report writes report.png and report.md into a directory"
+        )
     return where
 
 

@@ -94,6 +94,12 @@ def find_runs(paths: list[Path]) -> tuple[list[RunRecord], Path | None]:
         jobs = sorted((d for d in paths[0].glob("*") if is_run_dir(d)), key=_job_order)
         if jobs:
             return [load_run(d) for d in jobs], paths[0]
+    for p in paths:  # else load_run says it is "nor a sweep directory"
+        if len(paths) > 1 and not (p / METRICS).exists() and any(map(is_run_dir, p.glob("*"))):
+            raise ValueError(
+                f"{p}: a sweep directory is reported alone (dlrm-cache report {p}); to compare "
+                "some of its jobs with other runs, name the jobs' directories"
+            )
     return [load_run(p) for p in paths], None
 
 

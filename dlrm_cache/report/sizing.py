@@ -14,6 +14,7 @@ from ..data.stats import counted_samples, load_counts
 from ..embedding.base import SparseOptim
 from ..embedding.freq_cache.layout import pinned_batches, plan_table
 from ..files.atomic import atomic_write_text
+from ..files.outputs import check_files
 from ..train.metrics import format_table
 
 
@@ -49,6 +50,7 @@ def plan(cfg: DictConfig) -> list[dict]:
     if emb._target_ != backend_target("freq_cache"):
         raise ValueError(f"embedding={emb._target_.rsplit('.', 1)[-1]}: plan predicts freq_cache")
     data = Path(cfg.data.path)
+    check_files(cfg, ("output", "figure"), [("dataset", data)])
     manifest = Manifest.load(data, key="data.path")
     counts = load_counts(data)
     rows = plan_table(

@@ -54,9 +54,11 @@ class EvalMetrics:
                 torch.cat(gather_all_tensors(labels)),
             )
         loss_sum, correct, n = sums.tolist()
+        # one class only (a single line, a split of clicks): no AUC; torchmetrics warned and gave 0
+        both = bool(n) and bool(labels.min() != labels.max())
         return {
             "auc": float(binary_auroc(probs, labels.long(), validate_args=False))
-            if n
+            if both
             else math.nan,
             "logloss": loss_sum / n if n else math.nan,
             "accuracy": correct / n if n else math.nan,

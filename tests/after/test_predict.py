@@ -4,6 +4,7 @@ its preprocessed lines, every placement's checkpoint read, bad input refused in 
 from __future__ import annotations
 
 import gzip
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,45 @@ def test_unlabelled_lines_like_kaggle_test_txt(
     np.testing.assert_allclose(
         frame["probability"].to_numpy(), split["probability"].to_numpy(), rtol=0, atol=1e-6
     )
+
+
+def test_a_sweep_directory_as_checkpoint_names_its_runs(
+    capsys, host_run, processed_synth, tmp_path
+):
+    """checkpoint=<a -m sweep directory> said "no checkpoint there ... nor a run directory": the
+    line now says it is a sweep and names a run to give."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "0").symlink_to(host_run.path, target_is_directory=True)
+    out = tmp_path / "p.csv"
+    code, _, err = run_predict(
+        capsys, f"checkpoint={sweep}", f"input={processed_synth}", f"output={out}"
+    )
+    assert code == 1 and not out.exists()
+    assert err.strip() == (
+        f"dlrm-cache predict: error: checkpoint={sweep}: a sweep directory (runs 0); name one of "
+        f"its runs, e.g. checkpoint={sweep / '0'}"
+    )
+
+
+def test_lines_of_one_class_have_no_auc(capsys, raw_test_lines, host_run, tmp_path):
+    """AUC needs both classes: lines of clicks only were reported "auc 0" after torchmetrics' "No
+    negative samples in targets" warning; now n/a (null in the summary), and no warning."""
+    clicks = [line for line in raw_test_lines if line.startswith(b"1\t")][:20]
+    text = tmp_path / "clicks.txt"
+    text.write_bytes(b"\n".join(clicks) + b"\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torchmetrics' warning fails the test
+        summary = predict_in_process(
+            f"checkpoint={host_run.path}", f"input={text}", f"output={tmp_path / 'p.csv'}"
+        )
+    assert summary["samples"] == 20 and np.isnan(summary["auc"]), summary
+    assert 0 < summary["logloss"] < 10
+    code, stdout, err = run_predict(
+        capsys, f"checkpoint={host_run.path}", f"input={text}", f"output={tmp_path / 'q.csv'}"
+    )
+    assert code == 0, err
+    assert "| auc " in stdout and "n/a" in stdout.split("| auc ", 1)[1].split("\n", 1)[0]
 
 
 @pytest.mark.parametrize("run", ["cached_run", "row_sharded_run"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -127,6 +128,30 @@ def test_config_errors(tmp_path: Path) -> None:
     assert (
         min(table_sizes(SynthConfig())) == 3
     )  # a preset table smaller than the floor keeps its size
+
+
+def test_output_in_a_dataset_or_run_or_a_file_is_refused(processed_synth, tmp_path: Path) -> None:
+    """synth output=<a processed dataset> (or a run's checkpoints/) wrote day_0 and oracle.json among
+    its files, and output=<a file> failed with "[Errno 17] File exists" naming no key; each is now
+    refused naming output=, and nothing is written."""
+    from dlrm_cache.files.outputs import UnsafeOutput
+
+    data = tmp_path / "data"
+    shutil.copytree(processed_synth, data)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    before = sorted(p.name for p in data.iterdir())
+    with pytest.raises(UnsafeOutput, match=r"^output=.*data: is the dataset directory"):
+        tiny_synth(data, lines=100)
+    with pytest.raises(UnsafeOutput, match=r"^output=.*checkpoints: lies inside the run directory"):
+        tiny_synth(run / "checkpoints", lines=100)
+    with pytest.raises(ValueError, match=r"^output=.*afile: is a file; synth writes"):
+        tiny_synth(afile, lines=100)
+    assert sorted(p.name for p in data.iterdir()) == before
+    assert list((run / "checkpoints").iterdir()) == [] and afile.read_text() == "kept"
 
 
 def test_one_line_of_one_class_has_no_oracle_auc(tmp_path: Path, capsys, recwarn) -> None:
