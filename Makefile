@@ -13,7 +13,7 @@ TRAIN_ARGS    ?=
 NPROC         ?= 2
 PLAN_ARGS     ?=
 
-.PHONY: help install train test lint format data train-dist bench plan gpu-extra clean
+.PHONY: help install train test test-quick lint format data train-dist bench plan gpu-extra clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ bench: $(STAMP) ## embedding-layer benchmark (docs/benchmarks.md: real numbers n
 
 test: $(STAMP) ## install and run the test suite
 	$(BIN)/python -m pytest -q
+
+test-quick: $(STAMP) ## the unit-level tests only (not the modules marked slow in tests/conftest.py)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP) ## ruff (lint rules and format, pyproject.toml) and mypy on dlrm_cache/
 	$(BIN)/ruff check .

@@ -84,6 +84,14 @@ def shared_small_dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory) -> Path:
+    """Train 2000 and val 500 rows (no test split), written once, for tests that only read it."""
+    root = tmp_path_factory.mktemp("tiny") / "ds"
+    write_dataset(root, {"train": 2000, "val": 500}, [50, 200, 1000, 30, 500])
+    return root
+
+
+@pytest.fixture(scope="session")
 def processed_synth(tmp_path_factory) -> Path:
     """A real `synth` -> `preprocess` dataset (with frequency statistics and oracle.json)."""
     from dlrm_cache.data.config import PreprocessConfig, SynthConfig
@@ -160,3 +168,53 @@ def read_only_dir(tmp_path):
         if mounted:
             subprocess.run(["umount", str(d)], capture_output=True)
         d.chmod(0o755)
+
+
+# Test modules whose tests train, run the CLI in fresh processes or torchrun ranks (more than ~6 s
+# a module on a 2-core CPU): marked ``slow``, so `make test-quick` (``-m "not slow"``) runs the
+# unit-level rest. The whole suite (`make test`, CI) runs everything.
+SLOW_MODULES = frozenset(
+    (
+        "after/test_export.py",
+        "after/test_output_safety.py",
+        "after/test_predict.py",
+        "data/test_bad_input.py",
+        "data/test_multihot.py",
+        "data/test_multihot_checks.py",
+        "data/test_preprocess.py",
+        "data/test_preprocess_workers.py",
+        "data/test_schema.py",
+        "data/test_verify.py",
+        "embedding/test_freq_cache.py",
+        "embedding/test_multi_hot.py",
+        "parallel/test_dcn_training.py",
+        "parallel/test_distributed.py",
+        "parallel/test_rank_data.py",
+        "parallel/test_sharded_syncs.py",
+        "streams/test_stream_discipline.py",
+        "test_bench_plan.py",
+        "test_cli.py",
+        "test_cli_help.py",
+        "test_config_ranges.py",
+        "test_plan.py",
+        "test_readme_commands.py",
+        "test_report.py",
+        "test_schema_end_to_end.py",
+        "train/test_guard.py",
+        "train/test_integrity.py",
+        "train/test_multihot_train.py",
+        "train/test_preflight.py",
+        "train/test_presets.py",
+        "train/test_reliability.py",
+        "train/test_run_log.py",
+        "train/test_signals_everywhere.py",
+        "train/test_train.py",
+    )
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(root).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

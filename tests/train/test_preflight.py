@@ -17,10 +17,8 @@ STEP = "checkpoints/step_00000002"
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, dataset_writer) -> Path:
-    root = tmp_path_factory.mktemp("preflight") / "ds"
-    dataset_writer(root, {"train": 2000, "val": 500}, [50, 200, 1000, 30, 500])
-    return root
+def data(tiny_dataset: Path) -> Path:
+    return tiny_dataset
 
 
 @pytest.fixture(scope="module")

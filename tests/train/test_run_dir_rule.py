@@ -15,10 +15,8 @@ from dlrm_cache.data.format import Manifest
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, dataset_writer) -> Path:
-    root = tmp_path_factory.mktemp("rundir") / "ds"
-    dataset_writer(root, {"train": 2000, "val": 500}, [50, 200, 1000, 30, 500])
-    return root
+def data(tiny_dataset: Path) -> Path:
+    return tiny_dataset
 
 
 def test_a_run_dir_holding_its_dataset_is_refused_before_overwrite_removes_it(
