@@ -158,6 +158,10 @@ def validate(cfg: Any, prefix: str = "") -> None:
             validate(value, f"{prefix}{f.name}.")
 
 
+def _is_schema(t: Any) -> bool:
+    return isinstance(t, type) and dataclasses.is_dataclass(t)
+
+
 def _nested(f: dataclasses.Field, value: Any) -> str | None:
     """Why a list of scalars (``list[int]``, ``list[str]``, ...) holds a list or mapping, or None:
     OmegaConf lets ``[[16]]`` through a ``list[int]`` field."""
@@ -165,6 +169,8 @@ def _nested(f: dataclasses.Field, value: Any) -> str | None:
     if not (isinstance(value, ListConfig) and str(kind).startswith("list[")) or "Any" in str(kind):
         return None
     for v in value:
+        if isinstance(v, DictConfig) and _is_schema(OmegaConf.get_type(v)):
+            continue  # a list of schema nodes (schema.dense's columns): validate() walks them
         if isinstance(v, (ListConfig, DictConfig)):
             return f"element {OmegaConf.to_container(v)!r} is not a single value"
     return None
