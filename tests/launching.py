@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,30 @@ def run_cli(
     env_extra: dict | None = None,
     timeout: float = 300,
     plain_errors: bool = False,
+    process: bool = False,
 ) -> subprocess.CompletedProcess:
-    """``python -m dlrm_cache ARGS`` in ``cwd`` with this checkout's package, output captured;
-    ``plain_errors``: without ``DLRM_CACHE_TRACEBACK`` (bad input as users see it)."""
+    """``dlrm-cache ARGS`` run in ``cwd``, its exit status and its output captured as a child
+    process's would be; ``plain_errors``: without ``DLRM_CACHE_TRACEBACK`` (bad input as users see
+    it); ``env_extra``: environment variables set for the run.
+
+    In this process (:func:`run_in_process`) unless ``process``: a child process costs 3-4 s of
+    imports (torch, torchrec, fbgemm) on a 2-core CPU and asserts nothing more, except where the
+    test is about the process itself (its interpreter's start, its locale, a reader that leaves,
+    a signal), which asks for ``process=True``."""
+    if process:
+        return run_process(*args, cwd=cwd, env_extra=env_extra, timeout=timeout,
+                           plain_errors=plain_errors)  # fmt: skip
+    return run_in_process(*args, cwd=cwd, env_extra=env_extra, plain_errors=plain_errors)
+
+
+def run_process(
+    *args: str,
+    cwd: Path,
+    env_extra: dict | None = None,
+    timeout: float = 300,
+    plain_errors: bool = False,
+) -> subprocess.CompletedProcess:
+    """``python -m dlrm_cache ARGS`` as a child process in ``cwd`` with this checkout's package."""
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
     if plain_errors:
         env.pop("DLRM_CACHE_TRACEBACK", None)
@@ -37,6 +61,91 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_in_process(
+    *args: str, cwd: Path, env_extra: dict | None = None, plain_errors: bool = False
+) -> subprocess.CompletedProcess:
+    """``dlrm_cache.cli.main(ARGS)`` in this process as ``python -m dlrm_cache ARGS`` would run
+    it: in ``cwd``, with ``sys.argv[0]`` the module's path, standard output and error read from
+    descriptors 1 and 2 (what a library writes there at the C level included), warnings shown on
+    standard error under a new interpreter's filters (pytest's own capture of warnings would hide
+    them from a test of a clean console), the exit status from ``SystemExit``, and an exception
+    that escapes printed as the interpreter prints it (status 1).  The working directory, ``sys.argv``, the environment and the standard streams are
+    restored afterwards."""
+    from dlrm_cache.cli import main
+
+    env = {**(env_extra or {})}
+    saved_env = {k: os.environ.get(k) for k in [*env, "DLRM_CACHE_TRACEBACK"]}
+    saved = (os.getcwd(), list(sys.argv), sys.stdout, sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fds = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+        os.environ.update(env)
+        if plain_errors:
+            os.environ.pop("DLRM_CACHE_TRACEBACK", None)
+        try:
+            os.chdir(cwd)
+            sys.argv = [str(REPO / "dlrm_cache" / "__main__.py"), *args]
+            with warnings.catch_warnings():
+                _new_interpreter_warnings()
+                code = _exit_status(main, list(args))
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            os.close(fds[0])
+            os.close(fds[1])
+            os.chdir(saved[0])
+            sys.argv, sys.stdout, sys.stderr = saved[1], saved[2], saved[3]
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", errors="replace"))
+    return subprocess.CompletedProcess(["dlrm-cache", *args], code, texts[0], texts[1])
+
+
+def _new_interpreter_warnings() -> None:
+    """Warnings as a new interpreter (no ``-W``, not in development mode) treats them: its
+    default filters, and shown on ``sys.stderr``."""
+    warnings.resetwarnings()
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = show
+
+
+def _exit_status(main: Callable[[list[str]], None], argv: list[str]) -> int:
+    """``main(argv)``'s exit status as the interpreter would make it."""
+    try:
+        main(argv)
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return int(e.code or 0)
+        print(e.code, file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        return 1
 
 
 # `python -m torch.distributed.run ... -m dlrm_cache`: 2 ranks on this machine; the command word

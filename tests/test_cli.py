@@ -17,7 +17,7 @@ from omegaconf.errors import ValidationError
 
 from dlrm_cache.commands.store import config_dir, register_configs
 
-cli = run_cli  # the CLI as a child process (tests/launching.py)
+cli = run_cli  # the CLI in this process (tests/launching.py)
 
 
 def compose_train(overrides):
@@ -27,7 +27,7 @@ def compose_train(overrides):
 
 
 def test_help_and_unknown_command(tmp_path):
-    res = cli("--help", cwd=tmp_path)
+    res = cli("--help", cwd=tmp_path, process=True)  # `python -m dlrm_cache` itself
     assert res.returncode == 0 and "preprocess" in res.stdout and "freq_cache" in res.stdout
     res = cli("trian", cwd=tmp_path)
     assert res.returncode == 2 and "unknown command 'trian' (did you mean 'train'?)" in res.stderr
@@ -271,12 +271,13 @@ def test_a_non_ascii_path_under_a_non_utf8_file_system_encoding_is_one_line(tmp_
     data = tmp_path / "données"
     data.mkdir()
     env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
-    r = run_cli("verify", str(data), cwd=tmp_path, env_extra=env, plain_errors=True)
+    r = run_cli("verify", str(data), cwd=tmp_path, env_extra=env, plain_errors=True, process=True)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert "non-ASCII" in lines[0] and "PYTHONUTF8=1" in lines[0], lines[0]
     # under UTF-8 the same path is an ordinary one (here: not a dataset yet)
-    r = run_cli("verify", str(data), cwd=tmp_path, env_extra={"PYTHONUTF8": "1"}, plain_errors=True)
+    r = run_cli("verify", str(data), cwd=tmp_path, env_extra={"PYTHONUTF8": "1"},
+                plain_errors=True, process=True)  # fmt: skip
     assert r.returncode == 1 and "non-ASCII" not in r.stderr and "manifest" in r.stderr, r.stderr
 
 
