@@ -48,12 +48,13 @@ SMALL = [
 ]
 
 
-cli = run_cli  # the CLI as a child process (tests/launching.py)
+cli = run_cli  # the CLI in this process (tests/launching.py)
 
 
 @pytest.fixture(scope="session")
 def sweep(processed_synth: Path, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One real `dlrm-cache train -m` over three cache ratios (a Hydra sweep directory)."""
+    """One real `dlrm-cache train -m` over three cache ratios (a Hydra sweep directory), in a
+    process of its own: its first job's start-up includes the interpreter and the imports."""
     root = tmp_path_factory.mktemp("sweep")
     # data.path relative to where train ran, as `make` runs it: report finds the stats from anywhere
     res = cli(
@@ -65,6 +66,7 @@ def sweep(processed_synth: Path, tmp_path_factory) -> tuple[Path, subprocess.Com
         f"hydra.sweep.dir={root / 'multirun'}",
         *SMALL,
         cwd=processed_synth.parent,
+        process=True,
     )
     assert res.returncode == 0, res.stderr
     return root / "multirun", res

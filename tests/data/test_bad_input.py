@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from launching import REPO, run_cli
 
 import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.format import MANIFEST, Manifest
 
 from refdata import GOOD, check_dataset, pp_config, read_split, ref_dataset, ref_parse, tiny_synth
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Lines that once crashed preprocess or were accepted depending on their block.
 ODD_LINES = [
@@ -107,12 +106,15 @@ def test_dataset_of_another_line_policy_is_not_reused(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ the command line
 def _cli(*args: str, cwd: Path, drop_root_powers: bool = False) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dlrm_cache", *args]
-    if drop_root_powers and os.geteuid() == 0:
-        # root reads any file: without these capabilities it meets permission bits like a user
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: cannot make a file unreadable")
-        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    """The CLI in this process, or (``drop_root_powers`` under root) a child process that meets
+    permission bits like a user."""
+    if not (drop_root_powers and os.geteuid() == 0):
+        return run_cli(*args, cwd=cwd, plain_errors=True)
+    # root reads any file: without these capabilities it meets permission bits like a user
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot make a file unreadable")
+    cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m",
+           "dlrm_cache", *args]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("DLRM_CACHE_TRACEBACK", None)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)

@@ -127,33 +127,14 @@ def test_missing_dataset_names_the_path(tmp_path: Path):
 
 def test_cli_multirun_sweep(small_dataset: Path, tmp_path: Path):
     """`-m` runs one job per value, each in its own run directory with its own summary."""
-    import os
-    import subprocess
-    import sys
+    from launching import run_cli
 
-    repo = Path(__file__).resolve().parents[2]
     args = [
         o
         for o in base_overrides(small_dataset, tmp_path)
         if not o.startswith(("run_dir=", "optim.sparse.lr="))
     ]
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dlrm_cache",
-            "train",
-            "-m",
-            "optim.sparse.lr=0.05,0.2",
-            "max_steps=3",
-            *args,
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_cli("train", "-m", "optim.sparse.lr=0.05,0.2", "max_steps=3", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     summaries = sorted((tmp_path / "runs" / "multirun").rglob("summary.json"))
     assert [p.parent.name for p in summaries] == ["0", "1"]
