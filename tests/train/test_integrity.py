@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from launching import TORCHRUN_2
+from launching import TORCHRUN_2, run_cli
 from test_train import SMALL
 from test_train import _params as params
 
@@ -70,7 +70,11 @@ class Cli:
 
 
 def cli(*args: str, cwd: Path) -> tuple[int, str]:
-    return Cli(list(args), cwd).wait()
+    """(exit code, stderr without the INFO log lines) of ``dlrm-cache args...`` in this process
+    (a signal's test starts a :class:`Cli`)."""
+    res = run_cli(*args, cwd=cwd, plain_errors=True)
+    err = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    return res.returncode, "\n".join(err)
 
 
 def one_line(code: int, err: str, command: str, *needles: str) -> str:
