@@ -13,7 +13,6 @@ codes are those of a real process; the torchrun test starts the real launcher.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import shlex
 import shutil
@@ -25,15 +24,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from launching import TORCHRUN_2, run_cli
+from launching import TORCHRUN_2, forkserver, run_cli
 from test_train import SMALL
 from test_train import _params as params
 
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.parquet import read_parquet, write_parquet
 
-_CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.data.verify"])
+_CTX = forkserver()
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -10,7 +10,6 @@ replace, unlink, rmdir) the save makes: the child kills itself just before the k
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import pickle
 import resource
@@ -23,14 +22,14 @@ import numpy as np
 import pytest
 import torch
 from ckpt_files import record_file
+from launching import forkserver
 from omegaconf import DictConfig
 from test_train import _params as params
 from tiny import TINY_MODEL
 
 from dlrm_cache.train.checkpoint import find_checkpoint
 
-_CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["dlrm_cache.train.loop", "test_reliability"])  # what the children run
+_CTX = forkserver()
 _FS_CALLS = ("mkdir", "fsync", "rename", "replace", "unlink", "rmdir")
 
 
