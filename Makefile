@@ -12,6 +12,10 @@ SYNTH_ARGS    ?=
 TRAIN_ARGS    ?=
 NPROC         ?= 2
 PLAN_ARGS     ?=
+# pytest-xdist workers for `make test`: one per CPU this process may use; each runs whole modules
+# (--dist loadfile: a module's shared runs and datasets are made once)
+TEST_WORKERS  ?= $(shell nproc 2>/dev/null || echo 2)
+PARALLEL      := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: help install train test test-quick lint format data train-dist bench plan gpu-extra clean
 
@@ -44,11 +48,11 @@ plan: data ## predicted freq_cache hit rate per cache ratio for the default job 
 bench: $(STAMP) ## embedding-layer benchmark (docs/benchmarks.md: real numbers need a GPU)
 	$(BIN)/dlrm-cache bench
 
-test: $(STAMP) ## install and run the test suite
-	$(BIN)/python -m pytest -q
+test: $(STAMP) ## install and run the test suite (TEST_WORKERS parallel workers, whole modules each)
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 test-quick: $(STAMP) ## the unit-level tests only (not the modules marked slow in tests/conftest.py)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
 
 lint: $(STAMP) ## ruff (lint rules and format, pyproject.toml) and mypy on dlrm_cache/
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from shards import write_split
 
 from dlrm_cache.data.format import (
@@ -18,6 +19,12 @@ from dlrm_cache.data.format import (
     SPARSE_NAMES,
     Manifest,
 )
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test`'s workers share the cores: one thread of torch's (and of its children's) each,
+    # instead of every worker's thread pool spinning against the others'
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def write_dataset(
@@ -170,51 +177,53 @@ def read_only_dir(tmp_path):
         d.chmod(0o755)
 
 
-# Test modules whose tests train, run the CLI in fresh processes or torchrun ranks (more than ~6 s
+# Test modules whose tests train, run the CLI in child processes or torchrun ranks (more than ~6 s
 # a module on a 2-core CPU): marked ``slow``, so `make test-quick` (``-m "not slow"``) runs the
-# unit-level rest. The whole suite (`make test`, CI) runs everything.
-SLOW_MODULES = frozenset(
-    (
-        "after/test_export.py",
-        "after/test_output_safety.py",
-        "after/test_predict.py",
-        "data/test_bad_input.py",
-        "data/test_multihot.py",
-        "data/test_multihot_checks.py",
-        "data/test_preprocess.py",
-        "data/test_preprocess_workers.py",
-        "data/test_schema.py",
-        "data/test_verify.py",
-        "embedding/test_freq_cache.py",
-        "embedding/test_multi_hot.py",
-        "parallel/test_dcn_training.py",
-        "parallel/test_distributed.py",
-        "parallel/test_rank_data.py",
-        "parallel/test_sharded_syncs.py",
-        "streams/test_stream_discipline.py",
-        "test_bench_plan.py",
-        "test_cli.py",
-        "test_cli_help.py",
-        "test_config_ranges.py",
-        "test_plan.py",
-        "test_readme_commands.py",
-        "test_report.py",
-        "test_schema_end_to_end.py",
-        "train/test_guard.py",
-        "train/test_integrity.py",
-        "train/test_multihot_train.py",
-        "train/test_preflight.py",
-        "train/test_presets.py",
-        "train/test_reliability.py",
-        "train/test_run_log.py",
-        "train/test_signals_everywhere.py",
-        "train/test_train.py",
-    )
+# unit-level rest. The whole suite (`make test`, CI) runs everything, these first and the longest
+# first (as measured under `make test`, docs/development.md): parallel workers (pytest-xdist, whole
+# modules each) then end on short modules instead of one waiting for the other's long one.
+SLOW_MODULES = (
+    "train/test_integrity.py",
+    "train/test_reliability.py",
+    "test_config_ranges.py",
+    "parallel/test_distributed.py",
+    "data/test_bad_input.py",
+    "train/test_guard.py",
+    "test_report.py",
+    "data/test_preprocess_workers.py",
+    "test_cli.py",
+    "streams/test_stream_discipline.py",
+    "embedding/test_freq_cache.py",
+    "train/test_signals_everywhere.py",
+    "data/test_preprocess.py",
+    "parallel/test_rank_data.py",
+    "test_bench_plan.py",
+    "test_cli_help.py",
+    "test_schema_end_to_end.py",
+    "data/test_schema.py",
+    "train/test_presets.py",
+    "test_readme_commands.py",
+    "parallel/test_dcn_training.py",
+    "after/test_output_safety.py",
+    "after/test_predict.py",
+    "data/test_multihot.py",
+    "train/test_train.py",
+    "train/test_preflight.py",
+    "test_plan.py",
+    "data/test_verify.py",
+    "train/test_run_log.py",
+    "after/test_export.py",
+    "embedding/test_multi_hot.py",
+    "parallel/test_sharded_syncs.py",
+    "data/test_multihot_checks.py",
+    "train/test_multihot_train.py",
 )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     root = Path(__file__).parent
+    rank = {m: k for k, m in enumerate(SLOW_MODULES)}
     for item in items:
-        if item.path.relative_to(root).as_posix() in SLOW_MODULES:
+        if item.path.relative_to(root).as_posix() in rank:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
