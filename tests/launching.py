@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,64 @@ def forkserver() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
+
+
+class ForkedCli:
+    """``dlrm-cache ARGS`` running in ``cwd`` in a child forked from :func:`forkserver`'s server,
+    for a test that signals or kills it (as ``subprocess.Popen`` would run it, without the
+    interpreter's start-up): without ``DLRM_CACHE_TRACEBACK``, one thread of torch's, standard
+    output and error kept in files until :meth:`communicate`."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="forked-cli-"))
+        self._out, self._err = self._dir / "stdout", self._dir / "stderr"
+        self._process = forkserver().Process(
+            target=_cli_child, args=(list(args), str(cwd), str(self._out), str(self._err))
+        )
+        self._process.start()
+        self.pid: int = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status (``-N``: ended by signal N), None while it runs."""
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def ended_within(self, timeout: float) -> bool:
+        """Whether it ended within ``timeout`` s (killed, if not)."""
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+            return False
+        return True
+
+    def communicate(self, timeout: float = 300) -> tuple[str, str]:
+        """Wait for the end (at most ``timeout`` s, else fail); its standard output and error."""
+        self._process.join(timeout)
+        assert not self._process.is_alive(), f"dlrm-cache did not end within {timeout} s"
+        out, err = (p.read_text() if p.exists() else "" for p in (self._out, self._err))
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return out, err
+
+
+def _cli_child(args: list[str], cwd: str, out: str, err: str) -> None:
+    os.chdir(cwd)
+    os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+    os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    os.environ.pop("DLRM_CACHE_TRACEBACK", None)
+    import torch
+
+    torch.set_num_threads(1)  # children and pytest share the cores
+    from dlrm_cache.cli import main
+
+    sys.argv = [str(REPO / "dlrm_cache" / "__main__.py"), *args]
+    main(args)
 
 
 def launch_ranks(nproc: int, entry: Callable[..., Any], *args: Any) -> dict[int, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from launching import REPO, run_cli
+from launching import REPO, ForkedCli, run_cli
 
 import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.format import MANIFEST, Manifest
@@ -287,14 +287,7 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
     if seed % 2:
         pp.preprocess(pp_config(raw, out, **small, min_count=2))  # the older dataset being replaced
     args = [f"{k}={v}" for k, v in small.items()] + ["overwrite=true", "progress=false"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dlrm_cache", "preprocess", f"input={raw}", f"output={out}", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = ForkedCli("preprocess", f"input={raw}", f"output={out}", *args, cwd=tmp_path)
     # Kill once the build directory holds a random number of files (0: just created, the last:
     # the manifest; during the swap the directory is gone and the kill lands on the rename).
     target = random.Random(seed).randint(
@@ -306,7 +299,7 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
             break
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate()
     if out.exists():  # never half a dataset
         m = Manifest.load(out)
         assert m == ref or m.min_count == 2

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_integrity import Cli, one_line, train_args
+from launching import ForkedCli
+from test_integrity import ended, one_line, train_args
 
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.loader import ShardStream
@@ -49,11 +50,11 @@ def test_train_stops_in_one_line_when_its_dataset_is_rebuilt_under_it(
     root = tmp_path / "ds"
     dataset_writer(root, {"train": 2000, "val": 500}, TABLES, shard_rows=100)
     run = tmp_path / "run"
-    job = Cli(train_args(root, run, "epochs=1000", "data.batch_size=50"), cwd=tmp_path)
+    job = ForkedCli(*train_args(root, run, "epochs=1000", "data.batch_size=50"), cwd=tmp_path)
     log, t0 = run / "metrics.jsonl", time.monotonic()
     while not (log.is_file() and '"kind": "train"' in log.read_text()):  # training has started
-        assert job.p.is_alive() and time.monotonic() - t0 < 120
+        assert job.poll() is None and time.monotonic() - t0 < 120
         time.sleep(0.05)
     _rebuild(root, dataset_writer)
-    code, err = job.wait()
+    code, err = ended(job)
     one_line(code, err, "train", "changed while this command read the dataset", str(root))

@@ -24,55 +24,33 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from launching import TORCHRUN_2, forkserver, run_cli
+from launching import TORCHRUN_2, ForkedCli, run_cli
 from test_train import SMALL
 from test_train import _params as params
 
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.parquet import read_parquet, write_parquet
 
-_CTX = forkserver()
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _cli_child(args: list[str], cwd: str, out: str, err: str) -> None:
-    os.chdir(cwd)
-    os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-    os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-    os.environ.pop("DLRM_CACHE_TRACEBACK", None)
-    torch.set_num_threads(1)  # children and pytest share two cores
-    from dlrm_cache.cli import main
-
-    main(args)
-
-
-class Cli:
-    """``dlrm-cache args...`` running in a child process."""
-
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        tag = time.monotonic_ns()
-        self.out, self.err = cwd / f".stdout-{tag}", cwd / f".stderr-{tag}"
-        self.p = _CTX.Process(
-            target=_cli_child, args=(args, str(cwd), str(self.out), str(self.err))
-        )
-        self.p.start()
-
-    def wait(self, timeout: float = 300) -> tuple[int, str]:
-        """(exit code, stderr without the INFO log lines)."""
-        self.p.join(timeout)
-        assert not self.p.is_alive(), "dlrm-cache did not finish"
-        err = [
-            ln for ln in self.err.read_text().splitlines() if ln.strip() and not ln.startswith("[")
-        ]
-        return self.p.exitcode, "\n".join(err)
 
 
 def cli(*args: str, cwd: Path) -> tuple[int, str]:
     """(exit code, stderr without the INFO log lines) of ``dlrm-cache args...`` in this process
-    (a signal's test starts a :class:`Cli`)."""
+    (a signal's test starts a :class:`ForkedCli`)."""
     res = run_cli(*args, cwd=cwd, plain_errors=True)
-    err = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
-    return res.returncode, "\n".join(err)
+    return res.returncode, _without_log_lines(res.stderr)
+
+
+def ended(job: ForkedCli, timeout: float = 300) -> tuple[int, str]:
+    """(exit code, stderr without the INFO log lines) of ``job`` once it has ended."""
+    err = _without_log_lines(job.communicate(timeout)[1])
+    assert job.returncode is not None
+    return job.returncode, err
+
+
+def _without_log_lines(err: str) -> str:
+    """``err`` without its INFO log lines and blank lines."""
+    return "\n".join(ln for ln in err.splitlines() if ln.strip() and not ln.startswith("["))
 
 
 def one_line(code: int, err: str, command: str, *needles: str) -> str:
@@ -182,16 +160,16 @@ def test_signal_saves_the_current_step_and_resume_is_bit_identical(data: Path, t
     may stop anywhere; how far a run goes does not change its steps, so the comparison runs to
     4 steps past the one saved.)"""
     d = tmp_path / "run"
-    job = Cli(train_args(data, d, "epochs=1000", "checkpoint_every=20"), tmp_path)
-    _wait_for_steps(d, job.p.is_alive)
+    job = ForkedCli(*train_args(data, d, "epochs=1000", "checkpoint_every=20"), cwd=tmp_path)
+    _wait_for_steps(d, lambda: job.poll() is None)
     if sig == signal.SIGTERM:  # another job while this one trains
         one_line(
             *cli(*train_args(data, d, "overwrite=true"), cwd=tmp_path),
             "train",
-            f"run dir {d} is in use: pid {job.p.pid}",
+            f"run dir {d} is in use: pid {job.pid}",
         )
-    os.kill(job.p.pid, sig)
-    code, err = job.wait()
+    job.send_signal(sig)
+    code, err = ended(job)
     assert code == 128 + sig, err
     lines = [ln for ln in err.splitlines() if "stopped by" in ln]
     assert len(lines) == 1 and f"resume={d}" in lines[0], err

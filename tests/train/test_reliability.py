@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from ckpt_files import record_file
-from launching import forkserver
+from launching import ForkedCli, forkserver
 from omegaconf import DictConfig
 from test_train import _params as params
 from tiny import TINY_MODEL
@@ -381,7 +381,6 @@ def test_cli_refuses_a_crafted_checkpoint_in_one_line(straight, tmp_path: Path):
     shutil.copytree(base, src)
     marker = tmp_path / "payload-ran"
     _crafted_torch_dense(src / "checkpoints" / "step_00000012", marker)
-    err = tmp_path / "stderr"
     args = [
         "train",
         f"data.path={cfg.data.path}",
@@ -391,24 +390,15 @@ def test_cli_refuses_a_crafted_checkpoint_in_one_line(straight, tmp_path: Path):
         "data.batch_size=128",
         f"resume={src}",
     ]
-    p = _CTX.Process(target=_cli_child, args=(args, str(err)))
-    p.start()
-    p.join()
-    lines = err.read_text().splitlines()
-    assert p.exitcode == 1
+    p = ForkedCli(*args, cwd=tmp_path)
+    lines = p.communicate()[1].splitlines()
+    assert p.returncode == 1
     assert (
         len(lines) == 1
         and lines[0].startswith("dlrm-cache train: error: ")
         and "dense.pt: refused" in lines[0]
     )
     assert not marker.exists()
-
-
-def _cli_child(args: list[str], stderr: str) -> None:
-    os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-    from dlrm_cache.cli import main
-
-    main(args)
 
 
 def test_resume_from_a_directory_without_checkpoint(straight, tmp_path: Path):

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_integrity import Cli, _records, one_line, train_args
+from launching import ForkedCli
+from test_integrity import _records, ended, one_line, train_args
 
 SLOW_EVAL = ("data.eval_batch_size=1", "max_steps=2")  # 6000 one-row evaluation batches: ~4 s
 
@@ -24,15 +25,15 @@ def test_sigterm_during_the_final_evaluation_stops_it(tmp_path: Path, dataset_wr
     ds = tmp_path / "ds"
     dataset_writer(ds, {"train": 1000, "val": 6000}, [50, 200, 1000, 30, 500], shard_rows=3000)
     d = tmp_path / "run"
-    job = Cli(train_args(ds, d, *SLOW_EVAL), tmp_path)
+    job = ForkedCli(*train_args(ds, d, *SLOW_EVAL), cwd=tmp_path)
     final = d / "checkpoints" / "step_00000002"
     while not (final / "meta.json").is_file():  # the final checkpoint: the evaluation follows
-        assert job.p.is_alive(), "the job ended before it was signalled"
+        assert job.poll() is None, "the job ended before it was signalled"
         time.sleep(0.01)
     time.sleep(0.3)
-    os.kill(job.p.pid, signal.SIGTERM)
+    job.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
-    code, err = job.wait(timeout=60)
+    code, err = ended(job, timeout=60)
     assert code == 143, err
     assert time.monotonic() - signalled < 3, "the evaluation went on"
     (line,) = [ln for ln in err.splitlines() if "stopped by" in ln]
@@ -41,7 +42,7 @@ def test_sigterm_during_the_final_evaluation_stops_it(tmp_path: Path, dataset_wr
     assert line in (d / "train.log").read_text()  # the log file holds what the console said
     assert not (d / "summary.json").exists()
     # the resume does no step and evaluates the final checkpoint
-    code, err = Cli(train_args(ds, d, *SLOW_EVAL, f"resume={d}"), tmp_path).wait()
+    code, err = ended(ForkedCli(*train_args(ds, d, *SLOW_EVAL, f"resume={d}"), cwd=tmp_path))
     assert code == 0, err
     assert json.loads((d / "summary.json").read_text())["val_samples"] == 6000
 
@@ -54,17 +55,17 @@ def test_a_periodic_evaluation_a_signal_cut_short_is_done_on_resume(tmp_path: Pa
     dataset_writer(ds, {"train": 1000, "val": 3000}, [50, 200, 1000, 30, 500], shard_rows=3000)
     d = tmp_path / "run"
     args = ("data.eval_batch_size=1", "eval_every=2", "max_steps=4")  # 3000 one-row batches
-    job = Cli(train_args(ds, d, *args), tmp_path)
+    job = ForkedCli(*train_args(ds, d, *args), cwd=tmp_path)
     log = d / "metrics.jsonl"
     while not (log.is_file() and '"kind": "train"' in log.read_text()):  # step 2: then evaluated
-        assert job.p.is_alive(), "the job ended before it was signalled"
+        assert job.poll() is None, "the job ended before it was signalled"
         time.sleep(0.01)
     time.sleep(0.3)
-    os.kill(job.p.pid, signal.SIGTERM)
-    code, err = job.wait(timeout=60)
+    job.send_signal(signal.SIGTERM)
+    code, err = ended(job, timeout=60)
     assert code == 143 and "checkpoint of step 2" in err, err
     assert _records(d, "eval") == []
-    code, err = Cli(train_args(ds, d, *args, f"resume={d}"), tmp_path).wait()
+    code, err = ended(ForkedCli(*train_args(ds, d, *args, f"resume={d}"), cwd=tmp_path))
     assert code == 0, err
     assert [(r["step"], r["samples"]) for r in _records(d, "eval")] == [(2, 3000), (4, 3000)]
     assert [r["step"] for r in _records(d, "checkpoint")] == [2, 4]
@@ -111,12 +112,10 @@ def test_a_path_that_is_not_a_regular_file_is_refused_not_read(
     replace(ds / rel)
     verify = "verify" in case
     args = ["verify", str(ds)] if verify else train_args(ds, tmp_path / "run", *extra)
-    job = Cli(args, tmp_path)
-    job.p.join(60)
-    if job.p.is_alive():
-        job.p.kill()
+    job = ForkedCli(*args, cwd=tmp_path)
+    if not job.ended_within(60):
         pytest.fail(f"{case}: still reading after 60 s")
-    code, err = job.wait()
+    code, err = ended(job)
     if verify:  # one line per bad file, then the count
         assert code == 1 and f"{ds / rel}: {says}" in err, err
     else:
