@@ -262,12 +262,30 @@ def _files_building(parent: Path) -> int:
     return -1
 
 
-def test_a_rebuild_in_the_same_process_encodes_with_its_own_tables(tmp_path: Path) -> None:
+KILL_SMALL = dict(chunk_bytes=8 << 10, rows_per_shard=600)
+
+
+@pytest.fixture(scope="module")
+def raw_12k(tmp_path_factory) -> Path:
+    """12,000 synthetic lines, written once for the tests below, which only read them."""
+    return tiny_synth(tmp_path_factory.mktemp("raw12k") / "raw", lines=12_000)
+
+
+@pytest.fixture(scope="module")
+def kill_ref(raw_12k: Path, tmp_path_factory) -> tuple[Path, Manifest]:
+    """The reference dataset of the kill -9 tests (KILL_SMALL), built once, read only."""
+    ref = tmp_path_factory.mktemp("kill_ref") / "ref"
+    return ref, pp.preprocess(pp_config(raw_12k, ref, **KILL_SMALL))
+
+
+def test_a_rebuild_in_the_same_process_encodes_with_its_own_tables(
+    raw_12k: Path, tmp_path: Path
+) -> None:
     """``workers=1`` runs every job in this process, and a build's id tables always sit at the same
     paths there (its build directory is named by the pid): a rebuild of the output with other
     settings must encode with its own tables, not those mapped for the build before it (it did,
     with exit 0: the shards held the older build's ids)."""
-    raw = tiny_synth(tmp_path / "raw", lines=12_000)
+    raw = raw_12k
     small = dict(chunk_bytes=8 << 10, rows_per_shard=600, workers=1)
     ref = pp.preprocess(pp_config(raw, tmp_path / "ref", **small))
     out = tmp_path / "ds"
@@ -277,12 +295,10 @@ def test_a_rebuild_in_the_same_process_encodes_with_its_own_tables(tmp_path: Pat
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
+def test_kill_9_at_a_random_point_then_rerun(raw_12k: Path, kill_ref, tmp_path: Path, seed: int):
     """Killed while building (even seeds: a new output; odd: replacing an older dataset), the
     output is absent or a complete dataset, and the re-run gives the reference dataset exactly."""
-    raw = tiny_synth(tmp_path / "raw", lines=12_000)
-    small = dict(chunk_bytes=8 << 10, rows_per_shard=600)
-    ref = pp.preprocess(pp_config(raw, tmp_path / "ref", **small))
+    raw, small, (ref_dir, ref) = raw_12k, KILL_SMALL, kill_ref
     out = tmp_path / "ds"
     if seed % 2:
         pp.preprocess(pp_config(raw, out, **small, min_count=2))  # the older dataset being replaced
@@ -290,9 +306,7 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
     proc = ForkedCli("preprocess", f"input={raw}", f"output={out}", *args, cwd=tmp_path)
     # Kill once the build directory holds a random number of files (0: just created, the last:
     # the manifest; during the swap the directory is gone and the kill lands on the rename).
-    target = random.Random(seed).randint(
-        0, sum(1 for p in (tmp_path / "ref").rglob("*") if p.is_file())
-    )
+    target = random.Random(seed).randint(0, sum(1 for p in ref_dir.rglob("*") if p.is_file()))
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
         if _files_building(tmp_path) >= target:
@@ -305,9 +319,7 @@ def test_kill_9_at_a_random_point_then_rerun(tmp_path: Path, seed: int) -> None:
         assert m == ref or m.min_count == 2
     m = pp.preprocess(pp_config(raw, out, **small, overwrite=True))
     assert m == ref
-    _shards_equal(out, tmp_path / "ref", ref)
+    _shards_equal(out, ref_dir, ref)
     _no_leftovers(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        p.name for p in (tmp_path / "ref").iterdir()
-    )
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in ref_dir.iterdir())
     assert (out / MANIFEST).exists()
