@@ -1,6 +1,8 @@
-"""Starting the CLI or several ranks from a test, on the CPU (gloo): ``dlrm-cache`` as a child
-process, ranks in process through torch's elastic launcher (what torchrun runs), or as the real
-`torchrun` command line."""
+"""Starting the CLI or several ranks from a test, on the CPU (gloo): ``dlrm-cache`` in the test's
+process (or, where the process is the subject, as a child process), a command to signal or kill
+forked from a preloaded fork server, ranks forked from that server through torch's elastic
+launcher (what torchrun runs), or the real `torchrun` command line (docs/development.md, "How the
+suite stays fast")."""
 
 from __future__ import annotations
 
