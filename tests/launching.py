@@ -15,7 +15,8 @@ import tempfile
 import traceback
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -75,21 +76,14 @@ def run_in_process(
     descriptors 1 and 2 (what a library writes there at the C level included), warnings shown on
     standard error under a new interpreter's filters (pytest's own capture of warnings would hide
     them from a test of a clean console), the exit status from ``SystemExit``, and an exception
-    that escapes printed as the interpreter prints it (status 1).  The working directory, ``sys.argv``, the environment and the standard streams are
-    restored afterwards."""
+    that escapes printed as the interpreter prints it (status 1).  The working directory,
+    ``sys.argv`` and the environment are restored afterwards."""
     from dlrm_cache.cli import main
 
     env = {**(env_extra or {})}
     saved_env = {k: os.environ.get(k) for k in [*env, "DLRM_CACHE_TRACEBACK"]}
-    saved = (os.getcwd(), list(sys.argv), sys.stdout, sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fds = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    saved_cwd, saved_argv = os.getcwd(), list(sys.argv)
+    with _standard_streams_read() as texts:
         os.environ.update(env)
         if plain_errors:
             os.environ.pop("DLRM_CACHE_TRACEBACK", None)
@@ -100,27 +94,44 @@ def run_in_process(
                 _new_interpreter_warnings()
                 code = _exit_status(main, list(args))
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            os.dup2(fds[0], 1)
-            os.dup2(fds[1], 2)
-            os.close(fds[0])
-            os.close(fds[1])
-            os.chdir(saved[0])
-            sys.argv, sys.stdout, sys.stderr = saved[1], saved[2], saved[3]
+            os.chdir(saved_cwd)
+            sys.argv = saved_argv
             for k, v in saved_env.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        texts = []
-        for f in (out, err):
-            f.seek(0)
-            texts.append(f.read().decode("utf-8", errors="replace"))
     return subprocess.CompletedProcess(["dlrm-cache", *args], code, texts[0], texts[1])
+
+
+@contextmanager
+def _standard_streams_read() -> Iterator[list[str]]:
+    """Descriptors 1 and 2 (and ``sys.stdout``/``sys.stderr`` over them) sent to files inside the
+    block; the list it yields holds their texts once the block has ended, and the descriptors and
+    streams are as they were."""
+    texts: list[str] = []
+    saved = sys.stdout, sys.stderr
+    for stream in saved:
+        stream.flush()
+    fds = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+        try:
+            yield texts
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with suppress(OSError, ValueError):
+                    stream.flush()
+            for fd, saved_fd in zip((1, 2), fds):
+                os.dup2(saved_fd, fd)
+                os.close(saved_fd)
+            sys.stdout, sys.stderr = saved
+            for f in (out, err):
+                f.seek(0)
+                texts.append(f.read().decode("utf-8", errors="replace"))
 
 
 def _new_interpreter_warnings() -> None:
@@ -161,9 +172,9 @@ TORCHRUN_2 = [
 
 
 # What the fork server imports once, so that each child it forks (a rank of launch_ranks, a
-# killed or signalled training) starts in milliseconds instead of importing torch, torchrec and
-# fbgemm (3-4 s each on a 2-core CPU).  The server is started by the first child and imports
-# these before any test has touched a thread pool, so forking from it is safe.
+# killed or signalled command) starts in milliseconds instead of importing torch, torchrec and
+# fbgemm (3-4 s each on a 2-core CPU).  The server is a new interpreter (started for the first
+# child) that runs nothing but these imports, so forking from it is safe.
 FORKSERVER_PRELOAD = ["torch", "dlrm_cache.cli", "dlrm_cache.train.loop", "dlrm_cache.data.verify"]
 
 
