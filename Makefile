@@ -12,9 +12,10 @@ SYNTH_ARGS    ?=
 TRAIN_ARGS    ?=
 NPROC         ?= 2
 PLAN_ARGS     ?=
-# pytest-xdist workers for `make test`: one per CPU this process may use; each runs whole modules
+# pytest-xdist workers for `make test`: one per CPU this process may use, at most 4 (a container
+# may show the host's CPUs; each worker holds its own datasets and torch); each runs whole modules
 # (--dist loadfile: a module's shared runs and datasets are made once)
-TEST_WORKERS  ?= $(shell nproc 2>/dev/null || echo 2)
+TEST_WORKERS  ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 PARALLEL      := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: help install train test test-quick lint format data train-dist bench plan gpu-extra clean

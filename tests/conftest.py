@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from launching import ForkedCli
 from shards import write_split
 
 from dlrm_cache.data.format import (
@@ -67,6 +68,13 @@ def write_dataset(
     )
     manifest.save(root)
     return manifest
+
+
+@pytest.fixture(autouse=True)
+def _no_forked_cli_left():
+    """A test that failed while a ForkedCli ran leaves no child behind (it would hold the worker)."""
+    yield
+    ForkedCli.end_all()
 
 
 @pytest.fixture(scope="session")

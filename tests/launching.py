@@ -6,6 +6,9 @@ suite stays fast")."""
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -18,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -44,7 +47,9 @@ def run_cli(
     if process:
         return run_process(*args, cwd=cwd, env_extra=env_extra, timeout=timeout,
                            plain_errors=plain_errors)  # fmt: skip
-    return run_in_process(*args, cwd=cwd, env_extra=env_extra, plain_errors=plain_errors)
+    return run_in_process(
+        *args, cwd=cwd, env_extra=env_extra, plain_errors=plain_errors, timeout=timeout
+    )
 
 
 def run_process(
@@ -69,7 +74,11 @@ def run_process(
 
 
 def run_in_process(
-    *args: str, cwd: Path, env_extra: dict | None = None, plain_errors: bool = False
+    *args: str,
+    cwd: Path,
+    env_extra: dict | None = None,
+    plain_errors: bool = False,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess:
     """``dlrm_cache.cli.main(ARGS)`` in this process as ``python -m dlrm_cache ARGS`` would run
     it: in ``cwd``, with ``sys.argv[0]`` the module's path, standard output and error read from
@@ -77,13 +86,20 @@ def run_in_process(
     standard error under a new interpreter's filters (pytest's own capture of warnings would hide
     them from a test of a clean console), the exit status from ``SystemExit``, and an exception
     that escapes printed as the interpreter prints it (status 1).  The working directory,
-    ``sys.argv`` and the environment are restored afterwards."""
+    ``sys.argv``, the environment and the loggers' handlers and levels (Hydra configures them per
+    job) are restored afterwards.  A command still running after ``timeout`` s ends this process
+    with every thread's traceback (a failure where a child would have been killed, not a hang).
+
+    What it cannot see: messages a library prints when first imported (this process imported it
+    already) and at the interpreter's exit; a test about those runs a child (``process=True``)."""
     from dlrm_cache.cli import main
 
     env = {**(env_extra or {})}
     saved_env = {k: os.environ.get(k) for k in [*env, "DLRM_CACHE_TRACEBACK"]}
     saved_cwd, saved_argv = os.getcwd(), list(sys.argv)
-    with _standard_streams_read() as texts:
+    alarm = os.dup(2)  # where a hang's tracebacks go: the test's stderr, not the captured one
+    faulthandler.dump_traceback_later(timeout, exit=True, file=alarm)
+    with _loggers_restored(), _standard_streams_read() as texts:
         os.environ.update(env)
         if plain_errors:
             os.environ.pop("DLRM_CACHE_TRACEBACK", None)
@@ -101,6 +117,8 @@ def run_in_process(
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+            faulthandler.cancel_dump_traceback_later()
+            os.close(alarm)
     return subprocess.CompletedProcess(["dlrm-cache", *args], code, texts[0], texts[1])
 
 
@@ -125,6 +143,7 @@ def _standard_streams_read() -> Iterator[list[str]]:
             for stream in (sys.stdout, sys.stderr):
                 with suppress(OSError, ValueError):
                     stream.flush()
+            _LIBC.fflush(None)  # what a C library buffered in its stdout
             for fd, saved_fd in zip((1, 2), fds):
                 os.dup2(saved_fd, fd)
                 os.close(saved_fd)
@@ -132,6 +151,29 @@ def _standard_streams_read() -> Iterator[list[str]]:
             for f in (out, err):
                 f.seek(0)
                 texts.append(f.read().decode("utf-8", errors="replace"))
+
+
+_LIBC = ctypes.CDLL(None)
+
+
+@contextmanager
+def _loggers_restored() -> Iterator[None]:
+    """Every logger's handlers, level and propagation as they were before the block; a handler
+    the block added is closed (Hydra's file handler on a run's log)."""
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    saved = {lg: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers}
+    try:
+        yield
+    finally:
+        for lg, (handlers, level, propagate, disabled) in saved.items():
+            for h in lg.handlers:
+                if h not in handlers:
+                    h.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
 
 
 def _new_interpreter_warnings() -> None:
@@ -192,14 +234,30 @@ class ForkedCli:
     interpreter's start-up): without ``DLRM_CACHE_TRACEBACK``, one thread of torch's, standard
     output and error kept in files until :meth:`communicate`."""
 
+    running: ClassVar[list[ForkedCli]] = []  # started, not yet waited for (see end_all)
+
     def __init__(self, *args: str, cwd: Path) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="forked-cli-"))
         self._out, self._err = self._dir / "stdout", self._dir / "stderr"
+        # the environment of now, not the fork server's (a copy of the test process's at its start)
+        env = dict(os.environ)
         self._process = forkserver().Process(
-            target=_cli_child, args=(list(args), str(cwd), str(self._out), str(self._err))
+            target=_cli_child, args=(list(args), str(cwd), str(self._out), str(self._err), env)
         )
         self._process.start()
         self.pid: int = self._process.pid
+        ForkedCli.running.append(self)
+
+    @classmethod
+    def end_all(cls) -> None:
+        """Kill the children a failed test left running (a non-daemon child would keep the test
+        process from exiting) and remove their files."""
+        while cls.running:
+            job = cls.running.pop()
+            if job._process.is_alive():
+                job._process.kill()
+            job._process.join()
+            shutil.rmtree(job._dir, ignore_errors=True)
 
     @property
     def returncode(self) -> int | None:
@@ -227,10 +285,14 @@ class ForkedCli:
         assert not self._process.is_alive(), f"dlrm-cache did not end within {timeout} s"
         out, err = (p.read_text() if p.exists() else "" for p in (self._out, self._err))
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self in ForkedCli.running:
+            ForkedCli.running.remove(self)
         return out, err
 
 
-def _cli_child(args: list[str], cwd: str, out: str, err: str) -> None:
+def _cli_child(args: list[str], cwd: str, out: str, err: str, env: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(env)
     os.chdir(cwd)
     os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
     os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
@@ -247,7 +309,8 @@ def _cli_child(args: list[str], cwd: str, out: str, err: str) -> None:
 def launch_ranks(nproc: int, entry: Callable[..., Any], *args: Any) -> dict[int, Any]:
     """``entry(*args)`` in ``nproc`` ranks (one process group) forked from :func:`forkserver`'s
     server, as torchrun starts them but without an interpreter's start-up each; each rank's
-    result."""
+    result.  The ranks' environment is the server's (the test process's when the server
+    started) plus the launcher's variables: an ``entry`` sets what else it needs."""
     forkserver()
     config = LaunchConfig(
         min_nodes=1,

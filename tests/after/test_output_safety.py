@@ -4,12 +4,15 @@ real child process."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from launching import ForkedCli
+from launching import REPO
 
 from dlrm_cache.cli import main
 
@@ -83,8 +86,17 @@ def test_a_stopped_predict_leaves_no_temporary_file(
     raw.write_bytes(b"\n".join(raw_test_lines * 10) + b"\n")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("DLRM_CACHE_TRACEBACK", None)
     args = [f"checkpoint={host_run.path}", f"input={raw}", f"output={out_dir / 'p.parquet'}"]
-    p = ForkedCli("predict", "progress=false", "batch_size=1", *args, cwd=tmp_path)
+    # a new interpreter: the one line is all it prints, its imports' messages included
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlrm_cache", "predict", "progress=false", "batch_size=1", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t0 = time.monotonic()
     while not any(out_dir.iterdir()):  # the temporary file: predictions are being written
         assert p.poll() is None, p.communicate()[1]
