@@ -158,8 +158,10 @@ _LIBC = ctypes.CDLL(None)
 
 @contextmanager
 def _loggers_restored() -> Iterator[None]:
-    """Every logger's handlers, level and propagation as they were before the block; a handler
-    the block added is closed (Hydra's file handler on a run's log)."""
+    """Every logger's handlers, level and propagation as they were before the block, but for a
+    file handler the block closed (Hydra's logging set-up closes the handlers it replaces: one may
+    log to an earlier run's removed directory); a handler the block added is closed (Hydra's file
+    handler on a run's log)."""
     loggers = [logging.getLogger()] + [
         lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
     ]
@@ -171,7 +173,9 @@ def _loggers_restored() -> Iterator[None]:
             for h in lg.handlers:
                 if h not in handlers:
                     h.close()
-            lg.handlers[:] = handlers
+            lg.handlers[:] = [
+                h for h in handlers if not (isinstance(h, logging.FileHandler) and h.stream is None)
+            ]
             lg.setLevel(level)
             lg.propagate, lg.disabled = propagate, disabled
 

@@ -4,7 +4,9 @@ exception as the interpreter prints it; and it leaves the test's process as it f
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -43,3 +45,22 @@ def test_a_deprecation_warning_stays_hidden_as_in_a_new_interpreter(tmp_path, mo
     monkeypatch.setattr(dlrm_cache.cli, "main", command)
     res = run_in_process(cwd=tmp_path)
     assert res.returncode == 0 and res.stderr == ""
+
+
+def test_a_file_handler_hydra_closed_is_not_put_back(tmp_path: Path) -> None:
+    """A command's logging set-up closes the root logger's handlers it replaces (here a file
+    handler on a removed run directory, as a test calling ``main`` directly leaves it): restoring
+    the loggers must not put that one back, or the next log line tries to reopen its file."""
+    old = tmp_path / "old"
+    old.mkdir()
+    stale = logging.FileHandler(old / "train.log")
+    logging.getLogger().addHandler(stale)
+    shutil.rmtree(old)
+    try:
+        res = run_in_process("train", "data.path=missing", "device=cpu", cwd=tmp_path)
+        assert res.returncode == 1
+        assert stale not in logging.getLogger().handlers
+        logging.getLogger("dlrm_cache.train.loop").warning("a line after the command")
+    finally:
+        logging.getLogger().removeHandler(stale)
+        stale.close()
