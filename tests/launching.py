@@ -60,9 +60,7 @@ def run_process(
     plain_errors: bool = False,
 ) -> subprocess.CompletedProcess:
     """``python -m dlrm_cache ARGS`` as a child process in ``cwd`` with this checkout's package."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-    if plain_errors:
-        env.pop("DLRM_CACHE_TRACEBACK", None)
+    env = child_env(plain_errors=plain_errors, **(env_extra or {}))
     return subprocess.run(
         [sys.executable, "-m", "dlrm_cache", *args],
         cwd=cwd,
@@ -71,6 +69,16 @@ def run_process(
         text=True,
         timeout=timeout,
     )
+
+
+def child_env(*, plain_errors: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of a child Python that imports this checkout's package: this process's,
+    ``extra`` added; ``plain_errors``: without ``DLRM_CACHE_TRACEBACK`` (bad input as users see
+    it)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **extra}
+    if plain_errors:
+        env.pop("DLRM_CACHE_TRACEBACK", None)
+    return env
 
 
 def run_in_process(

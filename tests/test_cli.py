@@ -12,7 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from launching import REPO, run_cli
+from launching import REPO, child_env, run_cli
 from omegaconf.errors import ValidationError
 
 from dlrm_cache.commands.store import config_dir, register_configs
@@ -212,7 +212,7 @@ def test_a_reader_that_leaves_stops_no_command(tmp_path):
     output complete, exit status 0), instead of a BrokenPipeError traceback (the usage) or a build
     dropped at its first progress bar or its report table (preprocess: no dataset)."""
     raw, out = tmp_path / "raw", tmp_path / "ds"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     env.pop("DLRM_CACHE_TRACEBACK", None)
 
     def close_stderr():

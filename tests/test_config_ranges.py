@@ -78,9 +78,8 @@ def _linked_sets() -> list[tuple[str, ...]]:
 def test_the_groups_outside_linked_pairs_are_independent() -> None:
     """What lets the next test compose 20 combinations instead of all 180: a group's config names
     no other group (its defaults list holds its schema, _self_ or another option of its group; no
-    ``@package``) and
-    interpolates only groups LINKED with it, so a value it sets is the same whatever the others
-    choose, and in range in every combination if it is in range in one."""
+    ``@package``) and interpolates only groups LINKED with it, so a value it sets is the same
+    whatever the others choose, and in range in every combination if it is in range in one."""
     for g in GROUPS:
         for path in (CONFIGS / g).glob("*.yaml"):
             text = path.read_text()

@@ -4,7 +4,6 @@ numbers drawn are the ones in the runs' files (checked on the plotted series, no
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from launching import REPO, run_cli
+from launching import child_env, run_cli
 from omegaconf import OmegaConf
 from PIL import Image
 from tiny import TINY_MODEL
@@ -516,7 +515,7 @@ def test_commands_do_not_import_the_plotting_module():
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=child_env(),
     )
     assert res.stdout.strip() == "False", res.stderr
 

@@ -4,7 +4,6 @@ real child process."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from launching import REPO
+from launching import child_env
 
 from dlrm_cache.cli import main
 
@@ -86,8 +85,7 @@ def test_a_stopped_predict_leaves_no_temporary_file(
     raw.write_bytes(b"\n".join(raw_test_lines * 10) + b"\n")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("DLRM_CACHE_TRACEBACK", None)
+    env = child_env(plain_errors=True)
     args = [f"checkpoint={host_run.path}", f"input={raw}", f"output={out_dir / 'p.parquet'}"]
     # a new interpreter: the one line is all it prints, its imports' messages included
     p = subprocess.Popen(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from launching import REPO, ForkedCli, run_cli
+from launching import ForkedCli, child_env, run_cli
 
 import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.format import MANIFEST, Manifest
@@ -115,8 +115,7 @@ def _cli(*args: str, cwd: Path, drop_root_powers: bool = False) -> subprocess.Co
         pytest.skip("running as root without setpriv: cannot make a file unreadable")
     cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m",
            "dlrm_cache", *args]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("DLRM_CACHE_TRACEBACK", None)
+    env = child_env(plain_errors=True)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -263,7 +262,7 @@ def _files_building(parent: Path) -> int:
     return -1
 
 
-KILL_SMALL = dict(chunk_bytes=8 << 10, rows_per_shard=600)
+KILL_SMALL = dict(chunk_bytes=8 << 10, rows_per_shard=600)  # the builds of the tests below
 
 
 @pytest.fixture(scope="module")
@@ -286,8 +285,7 @@ def test_a_rebuild_in_the_same_process_encodes_with_its_own_tables(
     paths there (its build directory is named by the pid): a rebuild of the output with other
     settings must encode with its own tables, not those mapped for the build before it (it did,
     with exit 0: the shards held the older build's ids)."""
-    raw = raw_12k
-    small = dict(chunk_bytes=8 << 10, rows_per_shard=600, workers=1)
+    raw, small = raw_12k, dict(KILL_SMALL, workers=1)
     ref = pp.preprocess(pp_config(raw, tmp_path / "ref", **small))
     out = tmp_path / "ds"
     pp.preprocess(pp_config(raw, out, **small, min_count=2))

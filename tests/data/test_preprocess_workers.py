@@ -13,15 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from launching import TORCHRUN_2
+from launching import TORCHRUN_2, child_env
 
 import dlrm_cache.data.preprocess as pp
 from dlrm_cache.data.format import MANIFEST, Manifest
 from dlrm_cache.data.preprocess import idtable
 
 from refdata import pp_config, tiny_synth
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _tree(d: Path) -> dict[str, bytes]:
@@ -80,7 +78,7 @@ def _torchrun(raw: Path, out: Path, cwd: Path, *extra: str) -> subprocess.Popen:
         "progress=false",
         *extra,
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     return subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -8,7 +8,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -17,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from launching import REPO, TORCHRUN_2
+from launching import TORCHRUN_2, child_env
 from omegaconf import OmegaConf
 from schema_inputs import criteo_lines, dataset_digests
 
@@ -289,7 +288,7 @@ def test_torchrun_two_ranks_identical_to_one_process(tmp_path: Path) -> None:
         [*TORCHRUN_2, "preprocess", "input=data.csv", "output=two", "schema=shop", "workers=1",
          "chunk_bytes=65536", "rows_per_shard=90", "progress=false",
          f"hydra.searchpath=[file://{tmp_path / 'conf'}]"],  # fmt: skip
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        cwd=tmp_path, env=child_env(), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]

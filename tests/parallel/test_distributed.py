@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import TORCHRUN_2, launch_ranks
+from launching import TORCHRUN_2, child_env, launch_ranks
 from tiny import TINY_MODEL
 
 from dlrm_cache.parallel.placement import parse_key
 from dlrm_cache.train.saved import Checkpoint
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _overrides(data: Path, run_dir: Path, extra: list[str]) -> list[str]:
@@ -150,7 +148,7 @@ def test_too_little_host_memory_fails_fast(small_dataset: Path, tmp_path: Path):
 
 def test_torchrun_cli_one_run_dir(small_dataset: Path, tmp_path: Path):
     """The real launcher and console entry: one run directory, one metrics file, rank 0 prints."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     cmd = [
         *TORCHRUN_2,
         "train",

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launching import REPO, TORCHRUN_2, launch_ranks
+from launching import TORCHRUN_2, child_env, launch_ranks
 from test_distributed import _overrides
 
 
@@ -65,8 +65,7 @@ def test_ranks_reading_different_datasets_stop_naming_data_path(
 def test_torchrun_with_no_dataset_says_so_once(tmp_path: Path):
     """Every rank printed the same "rank 0 cannot read it" line (8 of them under 8 ranks): the
     ranks agree on the error, so rank 0 alone prints it; the job still exits 1 and leaves no run."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("DLRM_CACHE_TRACEBACK", None)
+    env = child_env(plain_errors=True)
     cmd = [*TORCHRUN_2, "train", "data.path=missing", "device=cpu", "dist_timeout_s=60"]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]

@@ -13,7 +13,6 @@ codes are those of a real process; the torchrun test starts the real launcher.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -24,14 +23,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from launching import TORCHRUN_2, ForkedCli, run_cli
+from launching import TORCHRUN_2, ForkedCli, child_env, run_cli
 from test_train import SMALL
 from test_train import _params as params
 
 from dlrm_cache.data.format import Manifest
 from dlrm_cache.data.parquet import read_parquet, write_parquet
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path) -> tuple[int, str]:
@@ -195,8 +192,7 @@ def test_torchrun_sigterm_checkpoints_every_rank_and_resumes_bit_identically(
     """While a torchrun job trains, another job into its run dir is refused.  torchrun forwards
     SIGTERM to its workers: both ranks agree on a step, save it together, the job exits non-zero;
     resumed under torchrun it ends as an uninterrupted torchrun run (run beside the resume)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("DLRM_CACHE_TRACEBACK", None)
+    env = child_env(plain_errors=True, OMP_NUM_THREADS="1")
 
     def torchrun(run_dir: Path, *extra: str) -> subprocess.Popen:
         cmd = [
